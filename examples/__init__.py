@@ -1,0 +1,1 @@
+"""Example adapters, broken schedulers and grading recipes."""

@@ -1,0 +1,1 @@
+"""Batched-vs-unbatched logits checks on a small seeded transformer (needs torch)."""

@@ -1,0 +1,1 @@
+"""pytest-cbatch: conformance kit for continuous-batching LLM schedulers."""

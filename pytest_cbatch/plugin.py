@@ -1,0 +1,316 @@
+"""The pytest plugin: ``pytest --cbatch-impl=SPEC`` runs the conformance suite.
+
+Inert unless an implementation is selected (``--cbatch-impl`` or the ini key
+``cbatch_impl``): it then loads the kit's hypothesis profile explicitly,
+collects the shipped suite when no paths were given, prints the
+implementation in the header and a clause summary at the end.  Importing this
+module imports only pytest and the standard library.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pytest
+
+SUITE_PACKAGE = "pytest_cbatch.suite"
+PROFILES = ("ci", "dev", "thorough")
+
+_STATE = pytest.StashKey["CbatchState"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cbatch", "pytest-cbatch: scheduler conformance")
+    group.addoption("--cbatch-impl", metavar="SPEC", default=None,
+                    help="implementation under test: reference | ENTRY_POINT | package.module:attr | "
+                         "path/to/file.py:attr | exec:COMMAND (ini: cbatch_impl)")
+    group.addoption("--cbatch-profile", choices=PROFILES, default=None,
+                    help="hypothesis profile: ci (derandomized, the default; same examples for everyone), "
+                         "dev (random, remembers failures), thorough (10x examples) (ini: cbatch_profile)")
+    group.addoption("--cbatch-timeout", type=float, default=None, metavar="SECONDS",
+                    help="time limit per run of an exec: implementation, default 60 (ini: cbatch_timeout)")
+    group.addoption("--cbatch-artifacts", metavar="DIR", default=None,
+                    help="where failing traces are written for replay, default .cbatch-failures "
+                         "(ini: cbatch_artifacts)")
+    group.addoption("--cbatch-suite", choices=("auto", "off"), default=None,
+                    help="auto: with no paths given, run the shipped suite (default); off: never redirect "
+                         "collection (ini: cbatch_suite)")
+    parser.addini("cbatch_impl", "implementation under test (see --cbatch-impl)", default=None)
+    parser.addini("cbatch_profile", "hypothesis profile: ci, dev or thorough", default="ci")
+    parser.addini("cbatch_timeout", "seconds per run of an exec: implementation", default="60")
+    parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
+    parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+
+
+def _setting(config: pytest.Config, name: str) -> Any:
+    value = config.getoption(f"cbatch_{name}")
+    return value if value is not None else config.getini(f"cbatch_{name}")
+
+
+@dataclass
+class CbatchState:
+    """What the plugin resolved for this run, shared by fixtures and hooks."""
+
+    spec: str
+    impl: Any
+    artifacts: Path
+    profile: str
+    redirected: bool
+    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
+    _judge: Any = None
+
+    @property
+    def judge(self) -> Any:
+        if self._judge is None:
+            from .runner import Judge
+
+            self._judge = Judge(self.impl)
+        return self._judge
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    spec = _setting(config, "impl")
+    if not spec:
+        return
+    from .impls import ImplementationError, resolve_impl
+
+    try:
+        timeout = float(_setting(config, "timeout"))
+    except ValueError:
+        raise pytest.UsageError(f"cbatch_timeout must be a number of seconds, got {_setting(config, 'timeout')!r}")
+    profile = _setting(config, "profile")
+    if profile not in PROFILES:
+        raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+    try:
+        impl = resolve_impl(spec, timeout=timeout, rootdir=str(config.invocation_params.dir))
+    except ImplementationError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    _load_hypothesis_profile(config, profile)
+    redirected = False
+    if _setting(config, "suite") == "auto" and config.args_source in (
+        pytest.Config.ArgsSource.INVOCATION_DIR, pytest.Config.ArgsSource.TESTPATHS
+    ):
+        config.args = [str(suite_dir())]
+        redirected = True
+    artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
+    state = CbatchState(spec, impl, artifacts, profile, redirected)
+    config.stash[_STATE] = state
+    config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
+    config.addinivalue_line("markers", "cbatch_clause(id): the contract clause a conformance test checks")
+
+
+def _load_hypothesis_profile(config: pytest.Config, profile: str) -> None:
+    """Register the kit's profiles and load one, unless the user chose a hypothesis profile.
+
+    Loading explicitly matters: with CI set, hypothesis silently switches to its
+    own ``ci`` profile otherwise.
+    """
+    from hypothesis import HealthCheck, settings
+
+    slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
+    settings.register_profile("cbatch-ci", max_examples=100, derandomize=True, database=None, deadline=None,
+                              print_blob=True, suppress_health_check=slow, stateful_step_count=50)
+    settings.register_profile("cbatch-dev", max_examples=50, deadline=None, print_blob=True,
+                              suppress_health_check=slow, stateful_step_count=50)
+    settings.register_profile("cbatch-thorough", max_examples=1000, deadline=None, print_blob=True,
+                              suppress_health_check=slow, stateful_step_count=50)
+    if config.getoption("hypothesis_profile", default=None):
+        return
+    settings.load_profile(f"cbatch-{profile}")
+
+
+def suite_dir() -> Path:
+    """The folder of the shipped conformance suite."""
+    import pytest_cbatch.suite as suite
+
+    return Path(suite.__file__).parent
+
+
+def _active(config: pytest.Config) -> CbatchState | None:
+    return config.stash.get(_STATE, None)
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Module | None:
+    """Collect the suite's modules even when the user's python_files would not."""
+    state = _active(parent.config)
+    if state is None or file_path.suffix != ".py" or not file_path.name.startswith("test_"):
+        return None
+    if file_path.parent != suite_dir():
+        return None
+    patterns = parent.config.getini("python_files")
+    if any(fnmatch.fnmatch(file_path.name, p) for p in patterns):
+        return None  # pytest's own collector takes it
+    return pytest.Module.from_parent(parent, path=file_path)
+
+
+def _is_suite_item(item: pytest.Item) -> bool:
+    fn = getattr(item, "function", None)
+    return fn is not None and getattr(fn, "__module__", "").startswith(SUITE_PACKAGE)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _active(config) is None and any(_is_suite_item(item) for item in items):
+        raise pytest.UsageError("the pytest-cbatch conformance suite needs an implementation: "
+                                "pass --cbatch-impl=SPEC (try --cbatch-impl=reference)")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    state = _active(session.config)
+    if state is None or not state.redirected:
+        return
+    if not any(_is_suite_item(item) for item in session.items):
+        raise pytest.UsageError(
+            "pytest-cbatch: --cbatch-impl is set but no conformance test was selected. Check -k/-m, and the "
+            "python_functions ini setting (the suite's tests are named test_*)."
+        )
+
+
+class _Reporter:
+    """Header and end-of-run clause summary; registered only when an implementation is set."""
+
+    def __init__(self, state: CbatchState) -> None:
+        self.state = state
+
+    def pytest_report_header(self, config: pytest.Config) -> list[str]:
+        from .schemas import validator_backend
+
+        state = self.state
+        return [
+            f"cbatch: impl {state.impl.describe()}",
+            f"cbatch: hypothesis profile cbatch-{state.profile}; schema validator {validator_backend()}; "
+            f"failing traces -> {state.artifacts}",
+        ]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+            return
+        cid = dict(report.user_properties).get("cbatch_clause")
+        if cid is not None:
+            counts = self.state.outcomes.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0})
+            counts[report.outcome] += 1
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        outcomes = self.state.outcomes
+        if not outcomes:
+            return
+        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"])
+        failed = sorted(c for c, n in outcomes.items() if n["failed"])
+        never = sorted(c for c, n in outcomes.items() if not n["passed"] + n["failed"])
+        total = {k: sum(n[k] for n in outcomes.values()) for k in ("passed", "failed", "skipped")}
+        tr = terminalreporter
+        tr.section("pytest-cbatch")
+        tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran "
+                      f"({total['passed']} checks passed, {total['failed']} failed, {total['skipped']} skipped)")
+        if failed:
+            tr.write_line("failed clauses: " + ", ".join(failed), red=True)
+        if never:
+            tr.write_line("never ran (skipped on every workload): " + ", ".join(never), yellow=True)
+        if total["skipped"] > total["passed"] + total["failed"]:
+            tr.write_line(f"WARNING: most conformance checks were SKIPPED ({total['skipped']} of "
+                          f"{sum(total.values())}); a green run proves little here. See why with -rs.",
+                          red=True, bold=True)
+
+
+# -- fixtures ------------------------------------------------------------------
+
+def _require(request: pytest.FixtureRequest) -> CbatchState:
+    state = _active(request.config)
+    if state is None:
+        pytest.fail("this test needs an implementation: pass --cbatch-impl=SPEC", pytrace=False)
+    return state
+
+
+@pytest.fixture(scope="session")
+def cbatch_impl(request: pytest.FixtureRequest) -> Any:
+    """The implementation under test (``--cbatch-impl``): ``.run(trace, config)``,
+    ``.unsupported_reason(config)``, ``.namespace`` (what the SPEC points at), ``.spec``."""
+    return _require(request).impl
+
+
+@pytest.fixture(scope="session")
+def cbatch_state(request: pytest.FixtureRequest) -> CbatchState:
+    """The plugin's resolved state (implementation, judge, artifacts folder)."""
+    return _require(request)
+
+
+@pytest.fixture(scope="session")
+def cbatch_run(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
+    """``cbatch_run(trace, config) -> report``: runs the implementation and fails the
+    test, with the full explanation, if any report clause is violated."""
+    state = _require(request)
+
+    def run(trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        from .runner import ALL_CLAUSES
+
+        from .workloads import BASE_CONFIG
+
+        cfg = {**BASE_CONFIG, **(config or {})}
+        report = None
+        for cid in ALL_CLAUSES:
+            if cid in ("invalid_input_refused", "deterministic"):
+                continue
+            result = state.judge.judge(cid, list(trace), cfg)
+            if result.status == "skip" and cid == "completes":
+                pytest.skip(result.reason)
+            if result.status == "fail":
+                fail_clause(state, cid, "cbatch_run", list(trace), cfg, result, shrink=False)
+            report = result.report or report
+        return report  # type: ignore[return-value]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def cbatch_schemas() -> Any:
+    """The schema module: ``load_schema(name)``, ``schema_issues(instance, name)``, ``SCHEMA_NAMES``."""
+    from . import schemas
+
+    return schemas
+
+
+def fail_clause(
+    state: CbatchState,
+    clause: str,
+    workload: str,
+    trace: list[dict[str, Any]],
+    config: dict[str, Any],
+    result: Any,
+    *,
+    shrink: bool = True,
+) -> None:
+    """Fail the current test with the explained, replayable violation of ``clause``."""
+    from .explain import explain_failure, trace_jsonl
+    from .runner import shrink_trace
+
+    original = len(trace)
+    if shrink:
+        smaller = shrink_trace(state.judge, clause, trace, config)
+        if len(smaller) < len(trace):
+            retry = state.judge.judge(clause, smaller, config)
+            if retry.status == "fail":
+                trace, result = smaller, retry
+    path = _write_artifact(state.artifacts, f"{clause}-{workload}.jsonl", trace_jsonl(trace))
+    text = explain_failure(spec=state.spec, clause=clause, workload=workload, violations=result.violations,
+                           trace=trace, config=config, report=result.report, trace_path=path,
+                           shrunk_from=original)
+    pytest.fail(text, pytrace=False)
+
+
+def _write_artifact(folder: Path, name: str, text: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / safe
+        tmp = folder / (safe + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        return f"<could not write {folder / safe}: {exc}>"
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return str(path)

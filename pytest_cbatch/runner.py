@@ -1,0 +1,168 @@
+"""Running an implementation on a workload and judging each clause, without pytest.
+
+``Judge`` caches one run (and one check) per workload, so every clause test of
+a workload costs one simulation.  ``Judge.judge(clause, ...)`` returns a
+``ClauseResult`` — pass, fail (with violations) or skip (with the reason) —
+which the pytest layer and ``cbatch check`` both turn into their own output.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report
+from .impls import Implementation, RunOutcome
+
+__all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES"]
+
+ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(CLAUSES) + tuple(RUNNER_CLAUSES)
+
+COMPLETES_STATEMENT = "The implementation returns a report for every valid trace and config it supports."
+
+
+@dataclass
+class ClauseResult:
+    """The verdict of one clause on one workload."""
+
+    clause: str
+    status: str                      # "pass", "fail" or "skip"
+    violations: list[Violation] = field(default_factory=list)
+    reason: str = ""                 # why skipped
+    report: dict[str, Any] | None = None
+
+
+@dataclass
+class _Run:
+    outcome: RunOutcome
+    violations: list[Violation]
+    schema_ok: bool
+
+
+class Judge:
+    """Runs one implementation and judges clauses; caches a run per (trace, config)."""
+
+    def __init__(self, impl: Implementation) -> None:
+        self.impl = impl
+        self._runs: dict[str, _Run] = {}
+
+    def _key(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str:
+        return json.dumps([list(trace), dict(config)], sort_keys=True)
+
+    def run(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> _Run:
+        key = self._key(trace, config)
+        if key not in self._runs:
+            outcome = self.impl.run(trace, config)
+            violations: list[Violation] = []
+            if outcome.report is not None:
+                violations = check_report(outcome.report, trace, config)
+            schema_ok = not any(v.clause == "schema_valid" for v in violations)
+            self._runs[key] = _Run(outcome, violations, schema_ok)
+        return self._runs[key]
+
+    def judge(self, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
+        """Judge ``clause`` on the implementation's run of ``trace`` under ``config``."""
+        if clause not in ALL_CLAUSES or clause == "invalid_input_refused":
+            raise ValueError(f"unknown clause {clause!r} here (invalid_input_refused has its own check)")
+        run = self.run(trace, config)
+        out = run.outcome
+        if out.unsupported:
+            return ClauseResult(clause, "skip", reason=out.unsupported)
+        if out.report is None:
+            if clause != "completes":
+                return ClauseResult(clause, "skip", reason="no report to check (see clause 'completes')")
+            what = out.refused or out.broken or "no report"
+            return ClauseResult(clause, "fail", [Violation("completes", f"no report for a valid workload: {what}")])
+        report = out.report
+        if clause == "completes":
+            return ClauseResult(clause, "pass", report=report)
+        if clause == "input_not_mutated":
+            found = [Violation(clause, f"the implementation mutated its input: {out.mutated}")] if out.mutated else []
+            return ClauseResult(clause, "fail" if found else "pass", found, report=report)
+        if not run.schema_ok and clause != "schema_valid":
+            return ClauseResult(clause, "skip", reason="the report fails schema_valid, so this clause was not checked",
+                                report=report)
+        if clause == "deterministic":
+            again = self.impl.run(trace, config)
+            diff = first_difference(report, again.report)
+            found = [Violation(clause, f"second run differs at {diff}")] if diff else []
+            return ClauseResult(clause, "fail" if found else "pass", found, report=report)
+        found = [v for v in run.violations if v.clause == clause]
+        return ClauseResult(clause, "fail" if found else "pass", found, report=report)
+
+    def judge_refusal(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
+        """Clause invalid_input_refused on one invalid (trace, config) pair."""
+        out = self.impl.run(trace, config)
+        cid = "invalid_input_refused"
+        if out.refused:
+            return ClauseResult(cid, "pass", reason=out.refused)
+        if out.unsupported:
+            return ClauseResult(cid, "skip", reason=out.unsupported)
+        got = "output that is not JSON" if out.broken else "a report"
+        return ClauseResult(cid, "fail", [Violation(cid, f"invalid input accepted: the implementation returned {got}")])
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """JSON-pointer-like path and values of the first place two documents differ."""
+    if type(a) is not type(b):
+        return f"{path or '/'}: {_brief(a)} vs {_brief(b)}"
+    if isinstance(a, dict):
+        for key in list(a) + [k for k in b if k not in a]:
+            if key not in a or key not in b:
+                return f"{path}/{key}: present in only one run"
+            diff = first_difference(a[key], b[key], f"{path}/{key}")
+            if diff:
+                return diff
+        if list(a) != list(b):
+            return f"{path or '/'}: same keys in a different order"
+        return None
+    if isinstance(a, list):
+        for i, (x, y) in enumerate(zip(a, b)):
+            diff = first_difference(x, y, f"{path}/{i}")
+            if diff:
+                return diff
+        if len(a) != len(b):
+            return f"{path or '/'}: {len(a)} items vs {len(b)}"
+        return None
+    return None if a == b else f"{path or '/'}: {_brief(a)} vs {_brief(b)}"
+
+
+def _brief(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def shrink_trace(
+    judge: Judge, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any], *, max_runs: int = 60
+) -> list[dict[str, Any]]:
+    """Greedily drop requests (with their cancels), then single cancels, while ``clause`` still fails.
+
+    Returns the smallest failing trace found within ``max_runs`` extra runs
+    (the original when nothing can go).  Clauses about the implementation
+    itself (determinism, mutation) are not shrunk.
+    """
+    current = [dict(line) for line in trace]
+    if clause in RUNNER_CLAUSES:
+        return current
+    runs = 0
+
+    def still_fails(candidate: list[dict[str, Any]]) -> bool:
+        nonlocal runs
+        runs += 1
+        return bool(candidate) and judge.judge(clause, candidate, config).status == "fail"
+
+    for rid in [line["id"] for line in reversed(trace) if line["event"] == "arrival"]:
+        if runs >= max_runs:
+            break
+        candidate = [line for line in current if line["id"] != rid]
+        if len(candidate) < len(current) and still_fails(candidate):
+            current = candidate
+    for i in reversed(range(len(current))):
+        if runs >= max_runs:
+            break
+        if current[i]["event"] == "cancel":
+            candidate = current[:i] + current[i + 1:]
+            if still_fails(candidate):
+                current = candidate
+    return current

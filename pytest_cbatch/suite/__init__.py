@@ -1,0 +1,1 @@
+"""The shipped conformance suite, collected by `pytest --cbatch-impl=SPEC`."""

@@ -1,0 +1,72 @@
+"""Conformance: every contract clause on every fixed workload, plus generated traces.
+
+Test ids read ``test_contract[<clause>-<workload>]``; select with ``-k``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+
+from pytest_cbatch import strategies
+from pytest_cbatch.plugin import CbatchState, fail_clause
+from pytest_cbatch.runner import ALL_CLAUSES
+from pytest_cbatch.workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS
+
+CASES = [
+    pytest.param(cid, name, id=f"{cid}-{name}")
+    for name in WORKLOADS
+    for cid in ALL_CLAUSES
+    if cid != "invalid_input_refused"
+] + [pytest.param("invalid_input_refused", name, id=f"invalid_input_refused-{name}") for name in INVALID_INPUTS]
+
+
+@pytest.mark.parametrize("clause,workload", CASES)
+def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
+    request.node.user_properties += [("cbatch_clause", clause), ("cbatch_workload", workload)]
+    judge = cbatch_state.judge
+    if clause == "invalid_input_refused":
+        trace, overrides = INVALID_INPUTS[workload]
+        result = judge.judge_refusal(trace, {**BASE_CONFIG, **overrides})
+        config = {**BASE_CONFIG, **overrides}
+    else:
+        trace, config = list(WORKLOADS[workload].trace), WORKLOADS[workload].config
+        result = judge.judge(clause, trace, config)
+    if result.status == "skip":
+        pytest.skip(result.reason)
+    if result.status == "fail":
+        fail_clause(cbatch_state, clause, workload, list(trace), config, result,
+                    shrink=clause != "invalid_input_refused")
+
+
+def _check_generated(state: CbatchState, workload: tuple[list[dict[str, Any]], dict[str, Any]], tag: str) -> None:
+    trace, config = workload
+    judge = state.judge
+    for cid in ALL_CLAUSES:
+        if cid in ("invalid_input_refused", "deterministic"):
+            continue
+        result = judge.judge(cid, trace, config)
+        if result.status == "skip":
+            if cid == "completes":
+                return  # this generated config needs a capability the implementation lacks
+            continue
+        if result.status == "fail":
+            fail_clause(state, cid, f"generated-{tag}", trace, config, result, shrink=False)
+
+
+@given(workload=strategies.workloads())
+def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]], cbatch_state: CbatchState,
+                          request: pytest.FixtureRequest) -> None:
+    """Every report clause on hypothesis-generated traces and configs (reserve admission)."""
+    _check_generated(cbatch_state, workload, "reserve")
+
+
+@given(workload=strategies.workloads(admissions=["optimistic"]))
+def test_generated_traces_preemption(workload: tuple[list[dict[str, Any]], dict[str, Any]],
+                                     cbatch_state: CbatchState) -> None:
+    """Every report clause on generated traces under optimistic admission (preemption)."""
+    if cbatch_state.impl.unsupported_reason(workload[1]):
+        pytest.skip(cbatch_state.impl.unsupported_reason(workload[1]))
+    _check_generated(cbatch_state, workload, "optimistic")

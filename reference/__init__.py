@@ -1,0 +1,1 @@
+"""Reference scheduler simulator and lifecycle model (standard library only)."""
