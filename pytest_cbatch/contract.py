@@ -593,30 +593,42 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
                 fed[rid] = done + n
 
 
-def _snapshot_walk(ix: ReportIndex) -> Iterator[tuple[int, dict[str, Any], dict[str, str], dict[str, int]]]:
-    """Yield (index, snapshot, state by id, rows fed by id) with the state as of each snapshot."""
-    state: dict[str, str] = {}
-    fed: dict[str, int] = {}
-    for i, ev in enumerate(ix.events):
+class _Replay:
+    """Each request's state (queued, active, draining, ended, released) and rows fed
+    in its current incarnation, advanced one event at a time."""
+
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.fed: dict[str, int] = {}
+
+    def advance(self, ev: Mapping[str, Any]) -> None:
         kind = ev["event"]
-        if kind == "snapshot":
-            yield i, ev, state, fed
-        elif kind == "dispatch":
+        if kind == "dispatch":
             for row in ev["work"]:
-                fed[row["id"]] = fed.get(row["id"], 0) + row["input_tokens"]
+                self.fed[row["id"]] = self.fed.get(row["id"], 0) + row["input_tokens"]
         elif kind == "arrival":
-            state[ev["id"]] = "queued"
+            self.state[ev["id"]] = "queued"
         elif kind == "admit":
-            state[ev["id"]] = "active"
+            self.state[ev["id"]] = "active"
         elif kind == "preempted":
-            state[ev["id"]] = "queued"
-            fed[ev["id"]] = 0
+            self.state[ev["id"]] = "queued"
+            self.fed[ev["id"]] = 0
         elif kind == "rejected":
-            state[ev["id"]] = "released"
+            self.state[ev["id"]] = "released"
         elif kind in ("finished", "cancelled"):
-            state[ev["id"]] = "draining" if state.get(ev["id"]) == "active" else "ended"
+            self.state[ev["id"]] = "draining" if self.state.get(ev["id"]) == "active" else "ended"
         elif kind == "release":
-            state[ev["id"]] = "released"
+            self.state[ev["id"]] = "released"
+
+
+def _snapshot_walk(ix: ReportIndex) -> Iterator[tuple[int, dict[str, Any], dict[str, str], dict[str, int]]]:
+    """Yield (index, snapshot, state by id, rows fed by id) as of each snapshot."""
+    replay = _Replay()
+    for i, ev in enumerate(ix.events):
+        if ev["event"] == "snapshot":
+            yield i, ev, replay.state, replay.fed
+        else:
+            replay.advance(ev)
 
 
 @clause("pages_conserved",
@@ -679,32 +691,45 @@ def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
 
 
 @clause("pages_cover_rows",
-        "In every snapshot an admitted request holds at least ceil(rows fed / block_size) pages and no request "
-        "holds more than ceil((prompt + output - 1) / block_size); a request holds pages only while admitted or "
-        "ended but not yet released.",
+        "Every dispatch follows a snapshot of its tick whose block table gives each row's request at least "
+        "ceil(rows fed after the row / block_size) pages; no snapshot shows a request holding more than "
+        "ceil((prompt + output - 1) / block_size) pages, or any page while it is neither admitted nor ended "
+        "awaiting release.",
         "Rows without pages overwrite someone else's KV; pages beyond the largest need are hoarded capacity.")
 def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pages_cover_rows"
     bs = ix.bs
-    for i, snap, state, fed in _snapshot_walk(ix):
-        tables = snap["block_tables"]
-        for rid, table in tables.items():
-            line = ix.arrivals.get(rid)
-            if line is None or not table:
-                continue
-            most = required_blocks(line["prompt_tokens"], line["output_tokens"], bs)
-            where = state.get(rid)
-            if where not in ("active", "draining"):
-                yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
-            elif len(table) > most:
-                yield ix.violation(cid, f"holds {len(table)} pages; its whole sequence needs at most {most}", rid, i)
-        for rid, where in state.items():
-            if where == "active":
-                need = -(-fed.get(rid, 0) // bs)
-                have = len(tables.get(rid, ()))
-                if have < need:
-                    yield ix.violation(cid, f"{fed.get(rid, 0)} rows fed need {need} pages, block table has {have}",
+    replay = _Replay()
+    tables: dict[str, list[int]] = {}
+    snapshot_time: int | None = None
+    for i, ev in enumerate(ix.events):
+        kind = ev["event"]
+        if kind == "snapshot":
+            tables, snapshot_time = ev["block_tables"], ev["time"]
+            for rid, table in tables.items():
+                line = ix.arrivals.get(rid)
+                if line is None or not table:
+                    continue
+                most = required_blocks(line["prompt_tokens"], line["output_tokens"], bs)
+                where = replay.state.get(rid)
+                if where not in ("active", "draining"):
+                    yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
+                elif len(table) > most:
+                    yield ix.violation(cid, f"holds {len(table)} pages; its whole sequence needs at most {most}",
                                        rid, i)
+        elif kind == "dispatch":
+            if snapshot_time != ev["time"]:
+                yield ix.violation(cid, "dispatch without a snapshot at its tick, so its pages cannot be audited",
+                                   None, i)
+            else:
+                for row in ev["work"]:
+                    fed = replay.fed.get(row["id"], 0) + row["input_tokens"]
+                    need = -(-fed // bs)
+                    have = len(tables.get(row["id"], ()))
+                    if have < need:
+                        yield ix.violation(cid, f"{row['phase']} row brings its rows to {fed}, needing {need} "
+                                                f"pages; the snapshot before the dispatch shows {have}", row["id"], i)
+        replay.advance(ev)
 
 
 @clause("headroom_nonnegative", "admission_headroom is never negative.",

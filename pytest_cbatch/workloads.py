@@ -85,6 +85,8 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
        [arrival(0, "done", 1, 2), arrival(0, "nope", 30, 1), cancel(6, "done"), cancel(6, "nope")], capacity=4),
     _w("idle_gaps", "arrivals separated by idle stretches",
        [arrival(0, "a", 2, 2), arrival(20, "b", 3, 1), arrival(21, "c", 1, 3), arrival(60, "d", 2, 2)]),
+    _w("active_limit", "more small requests than max_active allows at once",
+       [arrival(0, f"s{i}", 2, 2) for i in range(5)], capacity=16, max_active=2),
     _w("queue_pressure", "more requests than max_active and the pool can hold",
        [arrival(t, f"q{t}", 3 + t % 4, 1 + t % 3) for t in range(8)], capacity=4, max_active=2),
     _w("chunk_boundaries", "prompts ending on, before and after page boundaries with uneven chunks",

@@ -17,11 +17,13 @@ Semantics, tick by tick at boundary ``t``:
    pages drain until then and are neither free nor admission headroom;
 4. FIFO admission while ``max_active`` (1 under ``policy="serial"``) and the
    page headroom allow; ``admission_blocked`` the first time the head waits;
-5. a ``snapshot`` of the pool;
-6. under ``admission="optimistic"``, ``preempted`` victims (newest first);
-7. a ``dispatch``: decode rows first (one token each), then chunked prefill or
-   recompute rows, each list served round-robin: the rows served move to the
-   back so the next dispatch starts with whoever waited.
+5. the next dispatch is planned: decode rows first (one token each), then
+   chunked prefill or recompute rows, each list served round-robin (the rows
+   served move to the back, so the next dispatch starts with whoever waited);
+   pages for its rows are allocated, oldest request first, and under
+   ``admission="optimistic"`` victims are ``preempted`` (newest first);
+6. a ``snapshot`` of the pool: the block tables the dispatch will write into;
+7. the ``dispatch``.
 
 Admission ``"reserve"`` (the default) reserves ``ceil((prompt + output - 1) /
 block_size)`` pages up front (the last sampled token is never fed back), so a
@@ -321,9 +323,7 @@ class _Simulation:
             return rows
         return [row for row in rows if row[0].status == "active" and row[0] not in waiting]
 
-    def dispatch(self, t: int) -> bool:
-        planned = self.plan()
-        rows = self.allocate(t, planned)
+    def dispatch(self, t: int, planned: list[tuple[_Request, str, int]], rows: list[tuple[_Request, str, int]]) -> bool:
         if not rows:
             return False
         work = []
@@ -366,8 +366,10 @@ class _Simulation:
                     self.cancel(t, line["id"])
             self.release_due(t)
             self.admit(t)
+            planned = self.plan()
+            rows = self.allocate(t, planned)
             self.snapshot(t)
-            if self.dispatch(t):
+            if self.dispatch(t, planned, rows):
                 if self.check:
                     self.verify()
                 t += 1
