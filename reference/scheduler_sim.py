@@ -369,10 +369,11 @@ class _Simulation:
             planned = self.plan()
             rows = self.allocate(t, planned)
             self.snapshot(t)
-            if self.dispatch(t, planned, rows):
+            preempted = len(rows) < len(planned) and any(req.status == "queued" for req, _, _ in planned)
+            if self.dispatch(t, planned, rows) or preempted:
                 if self.check:
                     self.verify()
-                t += 1
+                t += 1  # after a preemption that left nothing to run, re-admit and re-plan next tick
                 continue
             if self.check:
                 self.verify()

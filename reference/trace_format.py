@@ -46,7 +46,7 @@ def _check_line(line: Any, where: str) -> dict[str, Any]:
     if not isinstance(line, Mapping):
         raise ValueError(f"{where}: expected a JSON object, got {type(line).__name__}")
     kind = line.get("event")
-    if kind not in TRACE_FIELDS:
+    if not isinstance(kind, str) or kind not in TRACE_FIELDS:
         raise ValueError(f"{where}: event: must be 'arrival' or 'cancel', got {kind!r}")
     fields = TRACE_FIELDS[kind]
     unknown = sorted(set(line) - set(fields), key=str)
@@ -121,11 +121,15 @@ def load_trace(path: str) -> list[dict[str, Any]]:
     """Read and validate a JSONL workload; errors name the file and line number."""
     lines: list[Any] = []
     labels: list[str] = []
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            where = f"{path} line {number}"
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{where}: not UTF-8 text (byte {exc.start + 1})") from None
             if not text.strip():
                 continue
-            where = f"{path} line {number}"
             try:
                 lines.append(json.loads(text))
             except json.JSONDecodeError as exc:
