@@ -15,23 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
-from collections.abc import Callable
-from typing import Any
 
 from pytest_cbatch.reference.scheduler_sim import simulate
 from pytest_cbatch.schemas import schema_issues, validator_backend
-from workload import BENCH_CONFIG, large_trace
+from workload import BENCH_CONFIG, best_of, large_trace
 
-
-def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
-    """The fastest of ``repeat`` timed calls of ``fn``, and its last result."""
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
 
 
 def main() -> None:

@@ -9,19 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 from pytest_cbatch.reference.scheduler_sim import simulate
-from workload import BENCH_CONFIG, large_trace
+from workload import BENCH_CONFIG, best_of, large_trace
 
-
-def best_of(repeat: int, fn) -> tuple[float, object]:
-    best, value = float("inf"), None
-    for _ in range(repeat):
-        start = time.perf_counter()
-        value = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, value
 
 
 def main() -> None:

@@ -1,9 +1,10 @@
-"""Seeded large workloads shared by the benchmark scripts."""
+"""Seeded large workloads and timing shared by the benchmark scripts."""
 
 from __future__ import annotations
 
 import random
-from typing import Any
+import time
+from typing import Any, Callable
 
 BENCH_CONFIG: dict[str, Any] = {
     "capacity": 2048,
@@ -29,3 +30,13 @@ def large_trace(requests: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
             trace.append({"time": t + rng.randint(0, 200), "event": "cancel", "id": rid})
     trace.sort(key=lambda line: line["time"])
     return trace
+
+
+def best_of(repeat: int, fn: Callable[[], Any]) -> tuple[float, Any]:
+    """The fastest of ``repeat`` timed calls of ``fn``, and its last result."""
+    best, value = float("inf"), None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        value = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, value

@@ -173,6 +173,14 @@ class ReportIndex:
             self._tokens[rid] = [(i, ev) for i, kind, ev in self.seq[rid] if kind == "token"]
         return self._tokens[rid]
 
+    def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """(id, trace arrival line, requests-table row) for each trace request the table has."""
+        table = self.report["requests"]
+        for rid, line in self.arrivals.items():
+            row = table.get(rid)
+            if row is not None:
+                yield rid, line, row
+
     def max_active(self) -> int:
         return 1 if self.cfg["policy"] == "serial" else self.cfg["max_active"]
 
@@ -321,10 +329,7 @@ def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
         "the arrival time.",
         "TTFT must never be manufactured (as 0 or otherwise) for a request that produced no output.")
 def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
-    for rid, line in ix.arrivals.items():
-        row = ix.report["requests"].get(rid)
-        if row is None:
-            continue
+    for rid, line, row in ix.rows():
         tokens = ix.tokens(rid)
         if not tokens:
             end = ix.terminal(rid)
@@ -367,9 +372,8 @@ def _ttft_null_on_cancel(ix: ReportIndex) -> Iterator[Violation]:
 @clause("itl_empty_for_one_token", "A request that emitted exactly one token has an empty itl_ticks list.",
         "There is no inter-token interval with one token; a [0] entry drags every ITL percentile down.")
 def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
-    for rid in ix.arrivals:
-        row = ix.report["requests"].get(rid)
-        if row is not None and len(ix.tokens(rid)) == 1 and row["itl_ticks"] != []:
+    for rid, _, row in ix.rows():
+        if len(ix.tokens(rid)) == 1 and row["itl_ticks"] != []:
             yield ix.violation("itl_empty_for_one_token", f"one token emitted: expected itl_ticks [], got "
                                                           f"{row['itl_ticks']}", rid)
 
@@ -378,10 +382,9 @@ def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
         "itl_ticks has one entry fewer than the tokens emitted, each the difference of consecutive token times.",
         "ITL percentiles are only comparable across engines when computed the same way.")
 def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
-    for rid in ix.arrivals:
-        row = ix.report["requests"].get(rid)
+    for rid, line, row in ix.rows():
         tokens = ix.tokens(rid)
-        if row is None or len(tokens) == 1:
+        if len(tokens) == 1:
             continue  # the one-token case has its own clause
         times = [ev["time"] for _, ev in tokens]
         expected = [b - a for a, b in zip(times, times[1:])]
@@ -394,10 +397,7 @@ def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
         "The requests table's token_times and output_tokens agree with the request's token events.",
         "The summary table and the event trace must tell the same story.")
 def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
-    for rid in ix.arrivals:
-        row = ix.report["requests"].get(rid)
-        if row is None:
-            continue
+    for rid, line, row in ix.rows():
         times = [ev["time"] for _, ev in ix.tokens(rid)]
         if row["token_times"] != times:
             yield ix.violation("token_record_consistent", f"token_times {_short(row['token_times'])} but token "
@@ -433,10 +433,7 @@ def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
         "admitted minus arrival (null if never admitted).",
         "Queueing delay is the first thing capacity planning reads.")
 def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
-    for rid, line in ix.arrivals.items():
-        row = ix.report["requests"].get(rid)
-        if row is None:
-            continue
+    for rid, line, row in ix.rows():
         admits = [i for i, kind, _ in ix.seq[rid] if kind == "admit"]
         admitted = ix.time(admits[0]) if admits else None
         queue = None if admitted is None else admitted - line["time"]

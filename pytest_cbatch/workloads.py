@@ -10,17 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .reference.scheduler_sim import DEFAULT_CONFIG
+
 __all__ = ["BASE_CONFIG", "Workload", "WORKLOADS", "INVALID_INPUTS", "arrival", "cancel"]
 
-BASE_CONFIG: dict[str, Any] = {
-    "capacity": 8,
-    "block_size": 4,
-    "token_budget": 4,
-    "max_active": 4,
-    "prefill_chunk": 2,
-    "release_delay": 1,
-    "policy": "continuous",
-}
+# The seven base settings every implementation takes, at the reference's defaults.
+BASE_CONFIG: dict[str, Any] = {k: v for k, v in DEFAULT_CONFIG.items() if k != "admission"}
 
 
 def arrival(t: int, rid: str, prompt: int, output: int) -> dict[str, Any]:
