@@ -40,6 +40,7 @@ __all__ = [
 ]
 
 ENTRY_POINT_GROUP = "pytest_cbatch.impls"
+LIFECYCLE_PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 
 
 class ImplementationError(Exception):
@@ -121,13 +122,18 @@ class PythonImplementation(Implementation):
         self.namespace = target
         fn = target if callable(target) and not inspect.ismodule(target) else getattr(target, "simulate", None)
         if not callable(fn):
-            raise ImplementationError(
-                f"--cbatch-impl {spec}: {source} is neither callable nor has a callable 'simulate' attribute"
-            )
-        self.fn: Callable[..., Any] = fn
-        self.accepted, self.open_kwargs = _accepted_keywords(fn)
+            if not any(hasattr(target, part) for part in LIFECYCLE_PARTS):
+                raise ImplementationError(
+                    f"--cbatch-impl {spec}: {source} is not callable and has neither a callable 'simulate' "
+                    f"nor any of {', '.join(LIFECYCLE_PARTS)}"
+                )
+            fn = None  # lifecycle parts only: the scheduler clauses do not apply
+        self.fn: Callable[..., Any] | None = fn
+        self.accepted, self.open_kwargs = _accepted_keywords(fn) if fn else (set(), False)
 
     def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
+        if self.fn is None:
+            return f"{self.spec} has no simulate(): it offers lifecycle parts only"
         if self.open_kwargs:
             return None
         missing = sorted(set(config) - self.accepted)
@@ -136,6 +142,7 @@ class PythonImplementation(Implementation):
         return None
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+        assert self.fn is not None  # run() checks unsupported_reason first
         try:
             report = self.fn(trace, **config)
         except NotImplementedError as exc:
@@ -232,6 +239,9 @@ def _import_module(spec: str, name: str) -> Any:
         return importlib.import_module(name)
     except ImportError as exc:
         raise ImplementationError(f"--cbatch-impl {spec}: cannot import {name!r}: {exc}") from exc
+    except Exception as exc:  # the module itself is broken: still one clear usage error
+        raise ImplementationError(f"--cbatch-impl {spec}: importing {name!r} failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc
 
 
 def _import_attr(spec: str, module: str, attr: str) -> Any:

@@ -8,8 +8,14 @@ and an oracle side by side and checks every clause of ``LIFECYCLE_CLAUSES``
 after each step. The oracle below is written from the lifecycle contract
 alone; it must never import or mirror the reference, so that the two can
 disagree. It observes implementations only through their public API: the
-pool's ``capacity``, ``len(pool.free)`` and ``read``, plus the request and
-transfer attributes the contract names.
+capacity it constructed the pool with, ``pool.free`` and ``pool.read``, plus
+the request and transfer methods and attributes the contract names.
+
+Implementations are held to the reference's conventions where the contract
+needs a shape: ``append``/``resume``/``sample``/``complete``/``abort``/
+``acknowledge_drained`` return bools, ``begin`` returns a key or None,
+``read`` of an unpublished transfer raises, request ``state`` strings are
+queued/active/preempted/cancelled, and emissions are ``events`` dicts.
 
 Every step records a line of runnable Python with ``hypothesis.note``, so a
 falsifying example prints as a replayable snippet, and every failure raises
@@ -22,9 +28,9 @@ falsifying example prints as a replayable snippet, and every failure raises
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import Any
 
 from hypothesis import note
 from hypothesis import settings as Settings
@@ -142,8 +148,8 @@ LIFECYCLE_CLAUSES: dict[str, str] = {
         "allocated until acknowledge_drained(key)."
     ),
     "lifecycle.drain_frees": (
-        "acknowledge_drained() of an aborted transfer and release_output() of a published one return "
-        "True and free the pages nothing else holds."
+        "acknowledge_drained() of an aborted transfer and release_output() of a published one free the "
+        "pages nothing else holds (and acknowledge_drained returns True)."
     ),
     "lifecycle.callback_fencing": (
         "complete/abort need an in-flight key, acknowledge_drained an aborted one, release_output a "
@@ -165,9 +171,11 @@ PARTS: dict[str, str] = {
 ABORT_REASONS = ("cancelled", "timeout", "producer_failure", "consumer_failure")
 
 MIN_STEPS = 80
-"""Fewest lifecycle operations per run: shorter runs cannot reach replay or drain bugs."""
+"""Floor for ``stateful_step_count``: replay and drain bugs need long histories, and Hypothesis
+ends a share of its runs early, so a profile's usual 50 steps would leave the machines thin."""
 
 _UNKNOWN_KEY = 10**9
+_CHOICE_RANGE = 8
 _TOKENS = st.lists(st.integers(0, 99), min_size=1, max_size=5)
 
 
@@ -192,9 +200,9 @@ def missing_parts(impl: object) -> dict[str, str]:
 def lifecycle_settings(base: Settings | None = None) -> Settings:
     """Return ``base`` (default: the active profile) with no deadline and at least MIN_STEPS steps.
 
-    ``max_examples`` and derandomization are left to the profile. One step is
-    added because Hypothesis spends the first step of each run on the
-    ``@initialize`` rule, so the profile's count is the number of operations.
+    ``max_examples``, derandomization and the database are left to the profile.
+    One step is added because Hypothesis spends the first step of each run on
+    the ``@initialize`` rule, so the count is the number of operations.
     """
     base = Settings() if base is None else base
     return Settings(base, deadline=None, stateful_step_count=max(base.stateful_step_count, MIN_STEPS) + 1)
@@ -382,9 +390,6 @@ class _LifecycleMachine(RuleBasedStateMachine):
         self.oracle.unpin(handle)
         self.expect_free(clause, f"pool.unpin({variable})")
 
-    def draw(self, data: st.DataObject, options: Iterable[Any], label: str) -> Any:
-        return data.draw(st.sampled_from(sorted(options)), label=label)
-
     @invariant()
     def pages_conserved(self) -> None:
         if self.oracle is not None:
@@ -407,6 +412,15 @@ class _LifecycleMachine(RuleBasedStateMachine):
         self.cleanup()
         assert self.oracle.free() == self.oracle.capacity, "oracle bug: cleanup left pages in use"
         self.expect_free("lifecycle.teardown_frees_all", "teardown")
+
+
+def _choose(data: st.DataObject, candidates: list[Any], label: str) -> Any:
+    """Pick a candidate with a draw whose shape does not depend on how many there are.
+
+    When the shrinker deletes an earlier step, later steps may see a different
+    number of candidates; a fixed-range index keeps their draws aligned.
+    """
+    return candidates[data.draw(st.integers(0, _CHOICE_RANGE - 1), label=label) % len(candidates)]
 
 
 def _bind(base: type[_LifecycleMachine], name: str, impl: object) -> type[RuleBasedStateMachine]:
@@ -442,13 +456,13 @@ class _AllocatorMachine(_LifecycleMachine):
     @precondition(lambda self: self.owners)
     @rule(data=st.data(), tokens=_TOKENS)
     def append(self, data: st.DataObject, tokens: list[int]) -> None:
-        self.pool_append(self.draw(data, self.owners, "owner"), tokens)
+        self.pool_append(_choose(data, sorted(self.owners), "owner"), tokens)
 
     @precondition(lambda self: self.owners and len(self.owners) < len(_OWNERS))
     @rule(data=st.data())
     def fork(self, data: st.DataObject) -> None:
-        src = self.draw(data, self.owners, "src")
-        dst = self.draw(data, set(_OWNERS) - self.owners, "dst")
+        src = _choose(data, sorted(self.owners), "src")
+        dst = _choose(data, sorted(set(_OWNERS) - self.owners), "dst")
         snippet = f"pool.fork({src!r}, {dst!r})"
         self.call("lifecycle.fork_shares", snippet, self.pool.fork, src, dst)
         self.oracle.fork(src, dst)
@@ -460,24 +474,24 @@ class _AllocatorMachine(_LifecycleMachine):
     @rule(data=st.data())
     def pin(self, data: st.DataObject) -> None:
         variable = f"pin{next(self.pin_names)}"
-        handle, pin_id = self.pool_pin(self.draw(data, self.owners, "owner"), variable)
+        handle, pin_id = self.pool_pin(_choose(data, sorted(self.owners), "owner"), variable)
         self.pins[handle] = (pin_id, variable)
 
     @precondition(lambda self: self.pins)
     @rule(data=st.data())
     def unpin(self, data: st.DataObject) -> None:
-        handle = self.draw(data, self.pins, "pin")
+        handle = _choose(data, sorted(self.pins), "pin")
         self.pool_unpin(handle, *self.pins.pop(handle), "lifecycle.pin_retains")
 
     @precondition(lambda self: self.owners)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        self.pool_release(self.draw(data, self.owners, "owner"), "lifecycle.pin_retains")
+        self.pool_release(_choose(data, sorted(self.owners), "owner"), "lifecycle.pin_retains")
 
     @precondition(lambda self: len(self.owners) < len(_OWNERS))
     @rule(data=st.data(), operation=st.sampled_from(("append", "read", "release", "pin", "fork")))
     def unknown_owner(self, data: st.DataObject, operation: str) -> None:
-        owner = self.draw(data, set(_OWNERS) - self.owners, "unknown")
+        owner = _choose(data, sorted(set(_OWNERS) - self.owners), "unknown")
         extra = {"append": ([1],), "fork": (f"{owner}-fork",)}.get(operation, ())
         snippet = f"pool.{operation}({', '.join(map(repr, (owner, *extra)))})"
         self.call_raises("lifecycle.owner_names", snippet, getattr(self.pool, operation), owner, *extra,
@@ -523,10 +537,10 @@ _MAX_COMPETITORS = 2
 class _RecomputeMachine(_LifecycleMachine):
     """Requests resumed, sampled and preempted while the environment cancels, admits and squeezes.
 
-    Two rules only: ``advance`` drives the decode/replay cycle of one request and
-    ``churn`` is everything around it. Swarm testing switches whole rules off,
-    so splitting the cycle into several rules would leave most runs unable to
-    complete it.
+    Two rules: ``advance`` drives one request through its cycle and ``churn`` is
+    everything around it. Hypothesis's swarm testing switches whole rules off
+    for a run; with a rule per operation most runs could not complete a
+    sample/preempt/replay cycle, while two rules still shrink well.
     """
 
     def __init__(self) -> None:
@@ -556,7 +570,7 @@ class _RecomputeMachine(_LifecycleMachine):
         return [r for r in self.requests if r.state in states]
 
     def pick(self, data: st.DataObject, candidates: list[_RequestModel]) -> tuple[_RequestModel, Any]:
-        model = candidates[data.draw(st.integers(0, len(candidates) - 1), label="request")]
+        model = _choose(data, candidates, "request")
         return model, self.handles[model.variable]
 
     def expect_request(self, clause: str, model: _RequestModel, request: Any, context: str) -> None:
@@ -568,25 +582,21 @@ class _RecomputeMachine(_LifecycleMachine):
                     f"after {context}: {model.variable}.state == {state!r}, expected {model.state!r}")
         self.expect_free(clause, context)
 
+    @precondition(lambda self: self.with_state("queued", "preempted", "active"))
     @rule(data=st.data())
-    def step(self, data: st.DataObject) -> None:
-        """Advance a request three times in four, else churn."""
-        live = self.with_state("queued", "preempted", "active")
-        if live and data.draw(st.integers(0, 3), label="advance") < 3:
-            self.advance(data, live)
-        else:
-            self.churn(data)
-
-    def advance(self, data: st.DataObject, live: list[_RequestModel]) -> None:
+    def advance(self, data: st.DataObject) -> None:
         """Move one request on: resume it when it is not resident, else mostly sample, sometimes preempt."""
+        live = self.with_state("queued", "preempted", "active")
         active = self.with_state("active")
-        model, request = self.pick(data, active if active and data.draw(st.booleans(), label="active") else live)
-        action = "resume"
-        if model.state == "active":
-            action = data.draw(st.sampled_from(_ACTIVE_ACTIONS), label="action")
-        {"resume": self.resume_request, "sample": self.sample_request, "preempt": self.preempt_request}[action](
-            model, request
-        )
+        prefer_active = data.draw(st.booleans(), label="prefer active")
+        model, request = self.pick(data, active if prefer_active and active else live)
+        action = data.draw(st.sampled_from(_ACTIVE_ACTIONS), label="action")
+        self.act(action if model.state == "active" else "resume", model, request)
+
+    def act(self, call: str, model: _RequestModel, request: Any) -> None:
+        handlers = {"resume": self.resume_request, "sample": self.sample_request,
+                    "preempt": self.preempt_request, "cancel": self.cancel_request}
+        handlers[call](model, request)
 
     def resume_request(self, model: _RequestModel, request: Any) -> None:
         snippet = f"{model.variable}.resume()"
@@ -597,9 +607,9 @@ class _RecomputeMachine(_LifecycleMachine):
             want = self.oracle.append(model.owner, rows)
             if not want:
                 self.oracle.release(model.owner)
-            elif model.state == "preempted":
-                model.recomputed += len(rows)
-            model.state = "active" if want else model.state
+            else:
+                model.recomputed += len(rows) if model.state == "preempted" else 0
+                model.state = "active"
         got = self.call("lifecycle.replay_atomic", snippet, request.resume)
         if model.state == "cancelled":
             self.expect(not got, "lifecycle.cancel_idempotent", f"{snippet} returned {got!r} after cancel()")
@@ -638,6 +648,7 @@ class _RecomputeMachine(_LifecycleMachine):
         self.call("lifecycle.cancel_idempotent", snippet, request.cancel)
         self.expect_request("lifecycle.cancel_idempotent", model, request, snippet)
 
+    @rule(data=st.data())
     def churn(self, data: st.DataObject) -> None:
         """The rest of the world: admissions, cancellations, no-op calls and competing residents."""
         live = self.with_state("queued", "preempted", "active")
@@ -645,34 +656,34 @@ class _RecomputeMachine(_LifecycleMachine):
         enabled = {
             "admit": len(live) < _MAX_LIVE_REQUESTS,
             "cancel": live,
-            "poke": self.requests,  # any call on any request, including no-op resumes and preempts
+            "poke": True,  # any call on any request, including no-op resumes and preempts
             "occupy": len(self.owners) < _MAX_COMPETITORS,
             "pin": unpinned,
             "unpin": self.pins,
             "vacate": self.owners,
         }
-        action = data.draw(st.sampled_from([a for a, on in enabled.items() if on]), label="churn")
+        action = data.draw(st.sampled_from(tuple(enabled)), label="churn")
+        action = action if enabled[action] else "poke"
         if action == "admit":
             self.admit(data.draw(_PROMPTS, label="prompt"))
         elif action == "cancel":
             self.cancel_request(*self.pick(data, live))
         elif action == "poke":
-            handlers = {"preempt": self.preempt_request, "cancel": self.cancel_request, "resume": self.resume_request}
-            call = data.draw(st.sampled_from(sorted(handlers)), label="call")
-            handlers[call](*self.pick(data, self.requests))
+            call = data.draw(st.sampled_from(("cancel", "preempt", "resume")), label="call")
+            self.act(call, *self.pick(data, self.requests))
         elif action == "occupy":
             owner = f"x{next(self.competitors)}"
             self.pool_create(owner)
             if not self.pool_append(owner, data.draw(_PROMPTS, label="rows")):
                 self.pool_release(owner, "lifecycle.page_conservation")
         elif action == "pin":
-            owner = data.draw(st.sampled_from(unpinned), label="owner")
+            owner = _choose(data, unpinned, "owner")
             handle, pin_id = self.pool_pin(owner, f"pin_{owner}")
             self.pins[handle] = (pin_id, owner)
         elif action == "unpin":
-            self.unpin(self.draw(data, self.pins, "pin"), "lifecycle.pin_retains")
+            self.unpin(_choose(data, sorted(self.pins), "pin"), "lifecycle.pin_retains")
         else:
-            self.pool_release(self.draw(data, self.owners, "owner"), "lifecycle.pin_retains")
+            self.pool_release(_choose(data, sorted(self.owners), "owner"), "lifecycle.pin_retains")
 
     def unpin(self, handle: int, clause: str) -> None:
         pin_id, owner = self.pins.pop(handle)
@@ -686,8 +697,8 @@ class _RecomputeMachine(_LifecycleMachine):
             self.expect(state == model.state, "lifecycle.request_state",
                         f"{variable}.state == {state!r}, expected {model.state!r}")
             outputs = list(self.attribute("lifecycle.outputs_append_only", variable, request, "outputs"))
-            self.expect(outputs == model.outputs and len(set(outputs)) == len(outputs),
-                        "lifecycle.outputs_append_only", f"{variable}.outputs == {outputs}, expected {model.outputs}")
+            self.expect(outputs == model.outputs, "lifecycle.outputs_append_only",
+                        f"{variable}.outputs == {outputs}, expected {model.outputs}")
             if model.state == "active":
                 rows = self.call("lifecycle.active_rows", f"pool.read({model.owner!r})",
                                  self.pool.read, model.owner, show=False)
@@ -734,9 +745,10 @@ class _TransferModel:
 
 
 _SOURCES = ("s0", "s1")
+_SOURCE_ROWS = st.lists(st.integers(0, 99), min_size=1, max_size=3)
 _ROOMS = ("room-0", "room-1")
 _LIVE = ("in_flight", "ready", "aborted")
-# method -> (state it needs, state it leads to); release_output's return value is not part of the contract
+# callback -> (state it needs, state it leads to)
 _CALLBACKS = {
     "complete": ("in_flight", "ready"),
     "abort": ("in_flight", "aborted"),
@@ -755,26 +767,29 @@ class _TransferMachine(_LifecycleMachine):
         self.last_key: Any = None
         self.failed_reservations = 0
 
-    @initialize(capacity=st.integers(2, 10), block_size=st.integers(1, 3))
+    @initialize(capacity=st.integers(2, 12), block_size=st.integers(1, 3))
     def setup(self, capacity: int, block_size: int) -> None:
         self.start_pool(capacity, block_size)
         self.manager = self.construct("lifecycle.page_conservation", "manager = TransferManager(pool)",
                                       self.impl.TransferManager, self.pool)
 
-    @rule(source=st.sampled_from(_SOURCES), tokens=_TOKENS, release=st.booleans())
-    def source(self, source: str, tokens: list[int], release: bool) -> None:
-        """Grow a source (creating it if needed), or drop it; transfers of it must not notice."""
-        if source not in self.owners:
-            self.pool_create(source)
-        elif release:
+    @rule(data=st.data())
+    def source(self, data: st.DataObject) -> None:
+        """Create, grow or drop a source; transfers of it must not notice. Sources are never empty."""
+        source = data.draw(st.sampled_from(_SOURCES), label="source")
+        if source in self.owners and data.draw(st.booleans(), label="release"):
             self.pool_release(source, "lifecycle.page_conservation")
             return
-        self.pool_append(source, tokens)
+        created = source not in self.owners
+        if created:
+            self.pool_create(source)
+        if not self.pool_append(source, data.draw(_SOURCE_ROWS, label="rows")) and created:
+            self.pool_release(source, "lifecycle.page_conservation")
 
     @precondition(lambda self: self.owners)
     @rule(data=st.data(), room=st.sampled_from(_ROOMS))
     def begin(self, data: st.DataObject, room: str) -> None:
-        source = self.draw(data, self.owners, "source")
+        source = _choose(data, sorted(self.owners), "source")
         self.attempts += 1
         variable = f"t{self.attempts}"
         snippet = f"{variable} = manager.begin({source!r}, {room!r})"
@@ -809,47 +824,16 @@ class _TransferMachine(_LifecycleMachine):
             self.transfers.append(model)
         self.expect_free("lifecycle.begin_rollback", snippet)
 
-    def pick(self, data: st.DataObject) -> tuple[_TransferModel | None, Any, str]:
-        """A transfer of this run, or (None, key, literal) for a key the manager never issued."""
-        index = data.draw(st.integers(0, len(self.transfers)), label="transfer")
-        if index == len(self.transfers):
-            return None, _UNKNOWN_KEY, str(_UNKNOWN_KEY)
-        model = self.transfers[index]
-        return model, model.key, model.variable
-
-    def deliver(self, data: st.DataObject, method: str, applied: str, *extra: Any) -> None:
-        """Send one callback; it must apply exactly when the transfer is in the state it needs."""
-        model, key, variable = self.pick(data)
-        snippet = f"manager.{method}({', '.join([variable, *map(repr, extra)])})"
-        applies = model is not None and model.state == _CALLBACKS[method][0]
-        got = self.call("lifecycle.callback_fencing", snippet, getattr(self.manager, method), key, *extra)
-        if method != "release_output":
-            self.expect(got is applies, "lifecycle.callback_fencing",
-                        f"{snippet} returned {got!r} for a {model.state if model else 'unknown'} transfer, "
-                        f"expected {applies}")
-        if applies:
-            self.settle(model, method)
-        self.expect_free(applied if applies else "lifecycle.callback_fencing", snippet)
-
-    def settle(self, model: _TransferModel, method: str) -> None:
-        """Apply a callback that took effect to the model and the page oracle."""
-        model.state = _CALLBACKS[method][1]
-        if method in ("complete", "acknowledge_drained"):
-            for handle in model.pins:
-                self.oracle.unpin(handle)
-        if method in ("abort", "release_output"):
-            self.oracle.release(model.destination)
-
     @precondition(lambda self: self.transfers)
-    @rule(data=st.data())
-    def complete(self, data: st.DataObject) -> None:
-        self.deliver(data, "complete", "lifecycle.snapshot_published")
-
-    @precondition(lambda self: self.transfers)
-    @rule(data=st.data(), reason=st.sampled_from((*ABORT_REASONS, "reboot")))
-    def abort(self, data: st.DataObject, reason: str) -> None:
+    @rule(data=st.data(), method=st.sampled_from(tuple(_CALLBACKS)))
+    def callback(self, data: st.DataObject, method: str) -> None:
+        """complete, abort (now and then with an invalid reason), acknowledge_drained or release_output."""
+        if method != "abort":
+            self.deliver(data, method)
+            return
+        reason = data.draw(st.sampled_from((*ABORT_REASONS, "reboot")), label="reason")
         if reason in ABORT_REASONS:
-            self.deliver(data, "abort", "lifecycle.abort_retains", reason)
+            self.deliver(data, method, reason)
             return
         _, key, variable = self.pick(data)
         snippet = f"manager.abort({variable}, {reason!r})"
@@ -858,18 +842,45 @@ class _TransferMachine(_LifecycleMachine):
 
     @precondition(lambda self: self.transfers)
     @rule(data=st.data())
-    def acknowledge_drained(self, data: st.DataObject) -> None:
-        self.deliver(data, "acknowledge_drained", "lifecycle.drain_frees")
-
-    @precondition(lambda self: self.transfers)
-    @rule(data=st.data())
-    def release_output(self, data: st.DataObject) -> None:
-        self.deliver(data, "release_output", "lifecycle.drain_frees")
-
-    @precondition(lambda self: self.transfers)
-    @rule(data=st.data())
     def read(self, data: st.DataObject) -> None:
-        self.check_read(*self.pick(data), show=True)
+        self.check_read(*self.pick(data, "ready"), show=True)
+
+    def pick(self, data: st.DataObject, fitting: str | None = None) -> tuple[_TransferModel | None, Any, str]:
+        """Usually a transfer in state ``fitting`` when there is one, else any transfer or an unknown key."""
+        candidates = [t for t in self.transfers if t.state == fitting]
+        if not (data.draw(st.booleans(), label="any key") and candidates):
+            candidates = [*self.transfers, None]
+        model = _choose(data, candidates, "transfer")
+        if model is None:
+            return None, _UNKNOWN_KEY, str(_UNKNOWN_KEY)
+        return model, model.key, model.variable
+
+    def deliver(self, data: st.DataObject, method: str, *extra: Any) -> None:
+        """Send one callback; it must apply exactly when the transfer is in the state it needs."""
+        needs = _CALLBACKS[method][0]
+        model, key, variable = self.pick(data, needs)
+        snippet = f"manager.{method}({', '.join([variable, *map(repr, extra)])})"
+        applies = model is not None and model.state == needs
+        got = self.call("lifecycle.callback_fencing", snippet, getattr(self.manager, method), key, *extra)
+        if method != "release_output":  # its return value is not part of the contract
+            self.expect(got is applies, "lifecycle.callback_fencing",
+                        f"{snippet} returned {got!r} for a {model.state if model else 'unknown'} transfer, "
+                        f"expected {applies}")
+        if not applies:
+            self.expect_free("lifecycle.callback_fencing", snippet)
+            return
+        self.settle(model, method)
+        clause = {"complete": "lifecycle.snapshot_published", "abort": "lifecycle.abort_retains"}
+        self.expect_free(clause.get(method, "lifecycle.drain_frees"), snippet)
+
+    def settle(self, model: _TransferModel, method: str) -> None:
+        """Apply a callback that took effect to the model and the page oracle."""
+        model.state = _CALLBACKS[method][1]
+        if method in ("complete", "acknowledge_drained"):
+            for handle in model.pins:
+                self.oracle.unpin(handle)
+        else:
+            self.oracle.release(model.destination)
 
     def check_read(self, model: _TransferModel | None, key: Any, variable: str, show: bool) -> None:
         snippet = f"manager.read({variable})"

@@ -73,6 +73,8 @@ class CbatchState:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cbatch_clause(id): the contract clause a conformance test checks")
+    config.addinivalue_line("markers", "gpu: a pytest-cbatch numeric check that needs a CUDA device")
     spec = _setting(config, "impl")
     if not spec:
         return
@@ -89,7 +91,7 @@ def pytest_configure(config: pytest.Config) -> None:
         impl = resolve_impl(spec, timeout=timeout, rootdir=str(config.invocation_params.dir))
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
-    _load_hypothesis_profile(config, profile)
+    hypothesis_profile = _load_hypothesis_profile(config, profile)
     redirected = False
     if _setting(config, "suite") == "auto" and config.args_source in (
         pytest.Config.ArgsSource.INVOCATION_DIR, pytest.Config.ArgsSource.TESTPATHS
@@ -97,14 +99,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(suite_dir())]
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
-    state = CbatchState(spec, impl, artifacts, profile, redirected)
+    state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected)
     config.stash[_STATE] = state
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
-    config.addinivalue_line("markers", "cbatch_clause(id): the contract clause a conformance test checks")
 
 
-def _load_hypothesis_profile(config: pytest.Config, profile: str) -> None:
-    """Register the kit's profiles and load one, unless the user chose a hypothesis profile.
+def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:
+    """Register the kit's profiles and load one, unless the user chose a hypothesis profile;
+    return a description of the profile in effect.
 
     Loading explicitly matters: with CI set, hypothesis silently switches to its
     own ``ci`` profile otherwise.
@@ -118,9 +120,11 @@ def _load_hypothesis_profile(config: pytest.Config, profile: str) -> None:
                               suppress_health_check=slow, stateful_step_count=50)
     settings.register_profile("cbatch-thorough", max_examples=1000, deadline=None, print_blob=True,
                               suppress_health_check=slow, stateful_step_count=50)
-    if config.getoption("hypothesis_profile", default=None):
-        return
+    chosen = config.getoption("hypothesis_profile", default=None)
+    if chosen:
+        return f"{chosen} (from --hypothesis-profile)"
     settings.load_profile(f"cbatch-{profile}")
+    return f"cbatch-{profile}"
 
 
 def suite_dir() -> Path:
@@ -181,7 +185,7 @@ class _Reporter:
         state = self.state
         return [
             f"cbatch: impl {state.impl.describe()}",
-            f"cbatch: hypothesis profile cbatch-{state.profile}; schema validator {validator_backend()}; "
+            f"cbatch: hypothesis profile {state.profile}; schema validator {validator_backend()}; "
             f"failing traces -> {state.artifacts}",
         ]
 

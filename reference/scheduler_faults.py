@@ -367,7 +367,9 @@ def demo() -> dict[str, Any]:
         "config": {"capacity": pool.capacity, "block_size": pool.block_size, "prompt": list(request.prompt)},
         "trace": trace,
         "request_events": request.events,
-        "transfers": {str(key): asdict(record) for key, record in manager.records.items()},
+        "transfers": {
+            str(key): {**asdict(record), "snapshot": list(record.snapshot)} for key, record in manager.records.items()
+        },
         "summary": {
             "outputs": request.outputs,
             "received_rows": received,
