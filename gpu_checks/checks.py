@@ -1,0 +1,468 @@
+"""The numeric checks: one schedule (or two) in, :class:`CheckResult` objects out.
+
+Public entry points (all run on the tiny preset on CPU within seconds):
+
+* :func:`run_schedule_checks` — the checks that need one schedule
+  (``SCHEDULE_CHECKS``): oracle self-test, backend parity, batched vs alone,
+  chunked vs whole prefill, page reuse under poison, row order, determinism.
+* :func:`run_preemption_check` — the same trace scheduled with and without
+  preemption must compute the same logits everywhere.
+* :func:`run_invariance_checks` — the opt-in bitwise batch-invariance mode
+  and its negative control.
+* :func:`mutant_kill_matrix` — every injected bug must fail a check while the
+  clean engine passes.
+
+Every verdict requires all compared logits to be finite, checked explicitly.
+Tolerances live in ``TOLERANCES`` (justified in the package README).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from .engine import BUGS, EngineConfig, run_schedule
+from .metrics import Metrics, compare
+from .model import DTYPES, PRESETS, Model
+from .oracle import dense_records
+from .paged import RowSpec, build_metadata, paged_attention
+from .schedules import alone_schedule
+from .streams import Records, Streams
+
+__all__ = [
+    "Tolerance", "TOLERANCES", "CheckResult", "SCHEDULE_CHECKS", "get_model",
+    "run_schedule_checks", "run_preemption_check", "run_invariance_checks", "mutant_kill_matrix",
+    "run_attention_parity", "ATTENTION_CASES",
+]
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Pass criteria of tolerance mode for one dtype.
+
+    ``max_kl`` bounds KL(reference || sut) at every position and ``max_abs`` the
+    largest |Δlogit| (None: not bounded directly).  When ``ratio`` is set, a
+    comparison against the dense oracle also needs ``err(sut) <= ratio *
+    err(alone) + floor``, errors being max |Δlogit| against the float64 dense
+    oracle and ``alone`` the dense oracle in the same dtype (FlashAttention's
+    test rule).  ``flip_margin``: top-1 flips count only where the reference's
+    top-1/top-2 margin exceeds it.  ``attn_*``: attention-backend parity.
+    """
+
+    max_kl: float
+    max_abs: float | None
+    ratio: float | None = None
+    floor: float | None = None
+    flip_margin: float = 0.5
+    attn_atol: float = 0.0
+    attn_rtol: float = 0.0
+
+    def describe(self, with_ratio: bool) -> str:
+        """Short text of the criterion, e.g. ``kl<=1e-06 |d|<=1e-03 flips=0 finite``."""
+        parts = [f"kl<={self.max_kl:.0e}"]
+        if self.max_abs is not None:
+            parts.append(f"|d|<={self.max_abs:.0e}")
+        if with_ratio and self.ratio is not None:
+            parts.append(f"|d_fp64|<={self.ratio:g}*alone+{self.floor:g}")
+        parts.append("flips=0 finite")
+        return " ".join(parts)
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(max_kl=1e-12, max_abs=1e-9, attn_atol=1e-10, attn_rtol=1e-10),
+    "float32": Tolerance(max_kl=1e-6, max_abs=1e-3, attn_atol=2e-5, attn_rtol=1e-5),
+    "bfloat16": Tolerance(max_kl=3e-2, max_abs=None, ratio=2.0, floor=0.2, flip_margin=1.0, attn_atol=1.5e-2,
+                          attn_rtol=1e-2),
+}
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one check.
+
+    ``mode``: ``"tolerance"``, ``"bitwise"``, ``"must_fail"`` (a mutant or
+    negative control that must be caught) or ``"info"``.  ``metrics`` holds
+    the comparison behind the verdict (max KL, max |Δ|, hard flips,
+    non-finite count, bitwise fraction, worst position); ``failures`` says
+    why a tolerance/bitwise verdict failed; ``skipped`` is set (and
+    ``passed`` True) when the schedule gives the check nothing to test.
+    """
+
+    name: str
+    dtype: str
+    device: str
+    workload: str
+    passed: bool
+    mode: str
+    metric: str
+    tolerance: str
+    seconds: float = 0.0
+    metrics: Metrics | None = None
+    failures: list[str] = field(default_factory=list)
+    skipped: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        """One line: name, dtype, verdict, metric vs tolerance, worst position, reasons."""
+        head = f"{self.name} [{self.dtype}, {self.workload or '-'}]"
+        if self.skipped:
+            return f"{head}: skipped ({self.skipped})"
+        text = f"{head}: {'PASS' if self.passed else 'FAIL'} {self.metric} vs {self.tolerance}"
+        if self.metrics is not None and self.metrics.worst:
+            w = self.metrics.worst
+            text += f"; worst request {w['request']!r} position {w['position']} phase {w['phase']} step {w['step']}"
+        if self.failures:
+            text += "; " + "; ".join(self.failures)
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (non-finite floats become strings)."""
+        def clean(x: Any) -> Any:
+            if isinstance(x, float) and not math.isfinite(x):
+                return str(x)
+            if isinstance(x, dict):
+                return {k: clean(v) for k, v in x.items()}
+            if isinstance(x, (list, tuple)):
+                return [clean(v) for v in x]
+            return x
+        return clean(asdict(self))
+
+
+@functools.lru_cache(maxsize=6)
+def get_model(preset: str, seed: int, dtype: str, device: str) -> Model:
+    """The seeded model (cached: drawing gpu-small takes seconds)."""
+    return Model.from_seed(PRESETS[preset], seed, DTYPES[dtype], device)
+
+
+def _metric_text(m: Metrics) -> str:
+    bitwise = "n/a" if m.bitwise_frac is None else f"{m.bitwise_frac:.0%}"
+    return (f"kl={m.max_kl:.1e} |d|={m.max_abs:.1e} flips={m.hard_flips} nonfinite={m.nonfinite} "
+            f"bitwise={bitwise} n={m.n_positions}")
+
+
+def _tolerance_failures(m: Metrics, tol: Tolerance, hi_errors: tuple[float, float] | None = None) -> list[str]:
+    out = []
+    if not m.finite:
+        out.append(f"{m.nonfinite} positions with non-finite logits")
+    if m.hard_flips:
+        out.append(f"{m.hard_flips} top-1 flips with reference margin > {tol.flip_margin:g}")
+    if not m.max_kl <= tol.max_kl:
+        out.append(f"max_kl {m.max_kl:.3e} > {tol.max_kl:.0e}")
+    if tol.max_abs is not None and not m.max_abs <= tol.max_abs:
+        out.append(f"max|d| {m.max_abs:.3e} > {tol.max_abs:.0e}")
+    if hi_errors is not None and tol.ratio is not None:
+        err, alone = hi_errors
+        bound = tol.ratio * alone + (tol.floor or 0.0)
+        if not err <= bound:
+            out.append(f"error vs float64 oracle {err:.3e} > {tol.ratio:g}*{alone:.3e}+{tol.floor:g}")
+    return out
+
+
+def _bitwise_failures(m: Metrics) -> list[str]:
+    out = [] if m.finite else [f"{m.nonfinite} positions with non-finite logits"]
+    if m.bitwise_frac != 1.0:
+        frac = "n/a" if m.bitwise_frac is None else f"{m.bitwise_frac:.1%}"
+        out.append(f"only {frac} of positions bitwise equal")
+    return out
+
+
+class _Session:
+    """One schedule on one model: streams, oracles and engine runs, each computed once."""
+
+    def __init__(self, trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
+                 device: str, preset: str, seed: int, block_size: int | None, workload: str) -> None:
+        if dtype not in TOLERANCES:
+            raise ValueError(f"dtype must be one of {sorted(TOLERANCES)}, got {dtype!r}")
+        self.trace = list(trace)
+        self.events = list(report["events"])
+        self.dtype, self.device, self.preset, self.seed, self.workload = dtype, device, preset, seed, workload
+        self.model = get_model(preset, seed, dtype, device)
+        self.block_size = block_size or report.get("config", {}).get("block_size") or self.model.config.block_size
+        self.streams = Streams.from_trace(self.trace, self.model.config.vocab, seed)
+        self.tol = TOLERANCES[dtype]
+        ids = [w["id"] for e in self.events if e.get("event") == "dispatch" for w in e["work"]]
+        self.requests = [r for r in dict.fromkeys(map(str, ids)) if r in self.streams.tokens]
+        self._runs: dict[tuple[str, EngineConfig], Records] = {}
+
+    def run(self, schedule: str = "schedule", **options: Any) -> Records:
+        """Engine run of ``"schedule"`` (the report) or ``"alone"`` (each request alone, whole)."""
+        config = EngineConfig(block_size=self.block_size, **options)
+        key = (schedule, config)
+        if key not in self._runs:
+            events = self.events if schedule == "schedule" else self.alone_events
+            self._runs[key] = run_schedule(self.model, self.streams, events, config)
+        return self._runs[key]
+
+    @functools.cached_property
+    def alone_events(self) -> list[dict[str, Any]]:
+        return alone_schedule({r: self.streams.fed_len(r) for r in self.requests})
+
+    @functools.cached_property
+    def dense(self) -> Records:
+        return dense_records(self.model, self.streams, self.requests)
+
+    @functools.cached_property
+    def dense_hi(self) -> Records:
+        hi = get_model(self.preset, self.seed, "float64", self.device)
+        return dense_records(hi, self.streams, self.requests)
+
+    def result(self, name: str, m: Metrics, failures: list[str], *, mode: str = "tolerance",
+               ratio: bool = False, **details: Any) -> CheckResult:
+        tolerance = "bitwise equal, finite" if mode == "bitwise" else self.tol.describe(ratio)
+        return CheckResult(name=name, dtype=self.dtype, device=self.device, workload=self.workload,
+                           passed=not failures, mode=mode, metric=_metric_text(m), tolerance=tolerance,
+                           metrics=m, failures=failures, details=details)
+
+    def skip(self, name: str, reason: str) -> CheckResult:
+        return CheckResult(name=name, dtype=self.dtype, device=self.device, workload=self.workload,
+                           passed=True, mode="tolerance", metric="-", tolerance="-", skipped=reason)
+
+    def tolerance(self, name: str, sut: Records, ref: Records, **details: Any) -> CheckResult:
+        m = compare(sut, ref, flip_margin=self.tol.flip_margin)
+        return self.result(name, m, _tolerance_failures(m, self.tol), **details)
+
+    def vs_oracle(self, name: str, sut: Records) -> CheckResult:
+        """Tolerance verdict against the dense oracle, plus the ratio rule in low precision."""
+        m = compare(sut, self.dense, flip_margin=self.tol.flip_margin)
+        hi_errors = None
+        if self.tol.ratio is not None:
+            margin = self.tol.flip_margin
+            hi_errors = (compare(sut, self.dense_hi, flip_margin=margin).max_abs,
+                         compare(self.dense, self.dense_hi, flip_margin=margin).max_abs)
+        details = {} if hi_errors is None else {"err_vs_fp64": hi_errors[0], "alone_err_vs_fp64": hi_errors[1]}
+        return self.result(name, m, _tolerance_failures(m, self.tol, hi_errors), ratio=True, **details)
+
+
+CheckFn = Callable[[_Session, frozenset], CheckResult]
+
+
+def _oracle_self_test(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    return s.vs_oracle("oracle_self_test", s.run("alone", bugs=bugs))
+
+
+def _backend_parity(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    return s.tolerance("backend_parity", s.run(backend="loop", bugs=bugs), s.run(bugs=bugs))
+
+
+def _batched_vs_alone(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    return s.vs_oracle("batched_vs_alone", s.run(bugs=bugs))
+
+
+def _chunked_vs_whole(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    run = s.run(bugs=bugs)
+    chunked = {r for r, start in zip(run.request, run.chunk_start) if start}
+    if not chunked:
+        return s.skip("chunked_vs_whole", "no prefill was split into chunks")
+    keep = [i for i, (r, ph) in enumerate(zip(run.request, run.phase)) if r in chunked and ph != "decode"]
+    edges = [i for i in keep if run.chunk_start[i]]
+    whole = s.run("alone", bugs=bugs)
+    edge_kl = compare(run.select(edges), whole, flip_margin=s.tol.flip_margin).max_kl
+    return s.tolerance("chunked_vs_whole", run.select(keep), whole, chunk_start_max_kl=edge_kl,
+                       chunk_starts=len(edges))
+
+
+def _page_reuse(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    return s.vs_oracle("page_reuse", s.run(pool="tight", bugs=bugs))
+
+
+def _row_order(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    return s.tolerance("row_order", s.run(row_order="reversed", bugs=bugs), s.run(bugs=bugs))
+
+
+def _determinism(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+    first = s.run(bugs=bugs)
+    again = run_schedule(s.model, s.streams, s.events, EngineConfig(block_size=s.block_size, bugs=bugs))
+    m = compare(again, first, flip_margin=s.tol.flip_margin, positional=True)
+    return s.result("determinism", m, _bitwise_failures(m), mode="bitwise")
+
+
+_SCHEDULE_CHECKS: dict[str, CheckFn] = {
+    "oracle_self_test": _oracle_self_test,
+    "backend_parity": _backend_parity,
+    "batched_vs_alone": _batched_vs_alone,
+    "chunked_vs_whole": _chunked_vs_whole,
+    "page_reuse": _page_reuse,
+    "row_order": _row_order,
+    "determinism": _determinism,
+}
+SCHEDULE_CHECKS: tuple[str, ...] = tuple(_SCHEDULE_CHECKS)
+_KILL_CHECKS = ("batched_vs_alone", "page_reuse")
+
+
+def _timed(fn: Callable[[], CheckResult]) -> CheckResult:
+    t0 = time.perf_counter()
+    result = fn()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def run_schedule_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
+                        device: str = "cpu", preset: str = "tiny", seed: int = 0, block_size: int | None = None,
+                        checks: Sequence[str] = SCHEDULE_CHECKS, workload: str = "") -> list[CheckResult]:
+    """Run ``checks`` (default: all of ``SCHEDULE_CHECKS``) on one scheduler report.
+
+    ``report["events"]`` is executed as is (rows, order, preemptions); token
+    streams come from ``trace`` and ``seed``.  The engine's page size is
+    ``block_size``, else the report's ``config.block_size``, else the
+    preset's.  Raises :class:`~.engine.ScheduleError` when the report cannot
+    be executed.  Results come back in the order of ``checks``.
+    """
+    s = _Session(trace, report, dtype=dtype, device=device, preset=preset, seed=seed,
+                 block_size=block_size, workload=workload)
+    unknown = set(checks) - set(_SCHEDULE_CHECKS)
+    if unknown:
+        raise ValueError(f"unknown checks {sorted(unknown)}; known: {SCHEDULE_CHECKS}")
+    return [_timed(functools.partial(_SCHEDULE_CHECKS[name], s)) for name in checks]
+
+
+def run_preemption_check(trace: Iterable[Mapping[str, Any]], preempted: Mapping[str, Any],
+                         baseline: Mapping[str, Any], *, dtype: str, device: str = "cpu", preset: str = "tiny",
+                         seed: int = 0, block_size: int | None = None, workload: str = "") -> CheckResult:
+    """``preemption_vs_none``: every position of the ``preempted`` report's run (before the
+    preemption and recomputed) against the same position of the ``baseline`` report's run.
+
+    Skipped when ``preempted`` has no ``preempted`` event.
+    """
+    trace = list(trace)
+    s = _Session(trace, preempted, dtype=dtype, device=device, preset=preset, seed=seed,
+                 block_size=block_size, workload=workload)
+    n = sum(1 for e in s.events if e.get("event") == "preempted")
+    if not n:
+        return s.skip("preemption_vs_none", "the schedule never preempts")
+    t0 = time.perf_counter()
+    ref = _Session(trace, baseline, dtype=dtype, device=device, preset=preset, seed=seed,
+                   block_size=s.block_size, workload=workload)
+    run = s.run()
+    result = s.tolerance("preemption_vs_none", run, ref.run(), preemptions=n,
+                         recomputed=sum(1 for p in run.phase if p.startswith("recompute")))
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def run_invariance_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
+                          device: str = "cpu", preset: str = "tiny", seed: int = 0,
+                          block_size: int | None = None, workload: str = "") -> list[CheckResult]:
+    """The opt-in bitwise mode and its negative control, batched schedule vs each request alone.
+
+    * ``batch_invariance``: the engine in ``numerics="batch_invariant"`` must
+      give bitwise identical logits batched and alone.
+    * ``negative_control``: the ``"batch_variant"`` engine (split-K chosen by
+      batch size) must FAIL that bitwise check and pass tolerance mode; if it
+      passes bitwise, the workload is too insensitive to trust the bitwise check
+      (``details["bitwise_differs"]`` is then False).
+    """
+    s = _Session(trace, report, dtype=dtype, device=device, preset=preset, seed=seed,
+                 block_size=block_size, workload=workload)
+
+    def invariance() -> CheckResult:
+        m = compare(s.run(numerics="batch_invariant"), s.run("alone", numerics="batch_invariant"),
+                    flip_margin=s.tol.flip_margin)
+        return s.result("batch_invariance", m, _bitwise_failures(m), mode="bitwise")
+
+    def negative_control() -> CheckResult:
+        options = {"numerics": "batch_variant", "pad_to": 1}
+        m = compare(s.run(**options), s.run("alone", **options), flip_margin=s.tol.flip_margin)
+        bitwise, tolerance = _bitwise_failures(m), _tolerance_failures(m, s.tol)
+        failures = list(tolerance)
+        if not bitwise:
+            failures.append("bitwise check passed on a batch-variant engine: workload too insensitive")
+        result = s.result("negative_control", m, failures, mode="must_fail", bitwise_differs=bool(bitwise))
+        result.tolerance = f"bitwise must fail; {s.tol.describe(False)}"
+        return result
+
+    return [_timed(invariance), _timed(negative_control)]
+
+
+def mutant_kill_matrix(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *,
+                       dtype: str = "float64", device: str = "cpu", preset: str = "tiny", seed: int = 0,
+                       block_size: int | None = None, bugs: Sequence[str] = tuple(BUGS),
+                       workload: str = "") -> list[CheckResult]:
+    """Inject each bug alone and run ``batched_vs_alone`` and ``page_reuse``.
+
+    Returns a ``clean`` result (passes iff the clean engine passes both) and
+    one ``mutant:<bug>`` result per bug (passes iff some check failed
+    numerically; ``details["caught_by"]`` names the checks, an exception is
+    reported in ``details["crashed"]`` and also counts as caught).
+    """
+    s = _Session(trace, report, dtype=dtype, device=device, preset=preset, seed=seed,
+                 block_size=block_size, workload=workload)
+    t0 = time.perf_counter()
+    clean = [_SCHEDULE_CHECKS[name](s) for name in _KILL_CHECKS]
+    worst = max(clean, key=lambda r: r.metrics.max_kl if r.metrics else 0.0)
+    results = [CheckResult(name="clean", dtype=dtype, device=device, workload=workload,
+                           passed=all(r.passed for r in clean), mode="tolerance", metric=worst.metric,
+                           tolerance=worst.tolerance, seconds=time.perf_counter() - t0, metrics=worst.metrics,
+                           failures=[f for r in clean for f in r.failures])]
+    for bug in bugs:
+        t0 = time.perf_counter()
+        caught: list[CheckResult] = []
+        crashed = ""
+        for name in _KILL_CHECKS:
+            try:
+                r = _SCHEDULE_CHECKS[name](s, frozenset({bug}))
+            except Exception as exc:  # a crash is a detection too, but is reported as such
+                crashed = f"{name}: {type(exc).__name__}: {exc}"
+                continue
+            if not r.passed:
+                caught.append(r)
+        strongest = max(caught, key=lambda r: r.metrics.max_kl) if caught else None
+        results.append(CheckResult(
+            name=f"mutant:{bug}", dtype=dtype, device=device, workload=workload,
+            passed=bool(caught or crashed), mode="must_fail",
+            metric=strongest.metric if strongest else (f"crashed ({crashed})" if crashed else "not caught"),
+            tolerance="some check must fail", seconds=time.perf_counter() - t0,
+            metrics=strongest.metrics if strongest else None,
+            details={"caught_by": [r.name for r in caught], "crashed": crashed, "description": BUGS[bug]},
+        ))
+    return results
+
+
+# (query_len, kv_len) rows of one ragged batch, after vLLM's paged-attention kernel tests
+ATTENTION_CASES: tuple[tuple[int, int], ...] = ((1, 1328), (5, 18), (129, 463), (1, 523), (1, 37), (1, 2011))
+
+
+def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny", seed: int = 0,
+                         cases: Sequence[tuple[int, int]] = ATTENTION_CASES) -> CheckResult:
+    """``attention_parity``: the ``"sdpa"`` backend against the ``"loop"`` reference.
+
+    One ragged batch of ``cases`` (decode and prefill rows, GQA shapes of
+    ``preset``) on randomly placed pages of a random cache; passes when every
+    output element is finite and within ``attn_atol + attn_rtol * |ref|``.
+    """
+    t0 = time.perf_counter()
+    cfg, tol = PRESETS[preset], TOLERANCES[dtype]
+    torch_dtype, bs = DTYPES[dtype], cfg.block_size
+    gen = torch.Generator().manual_seed(seed)
+    pages = [-(-kv // bs) for _, kv in cases]
+    order = (torch.randperm(sum(pages), generator=gen) + 1).tolist()
+    rows, taken = [], 0
+    for (q_len, kv_len), n in zip(cases, pages):
+        rows.append(RowSpec(kv_len - q_len, q_len, tuple(order[taken:taken + n])))
+        taken += n
+    meta = build_metadata(rows, bs, device)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=torch_dtype)
+
+    q = rand(meta.num_actual_tokens, cfg.n_heads, cfg.head_dim)
+    k_cache = rand(1 + sum(pages), bs, cfg.n_kv_heads, cfg.head_dim)
+    v_cache = rand(1 + sum(pages), bs, cfg.n_kv_heads, cfg.head_dim)
+    ref = paged_attention(q, k_cache, v_cache, meta, backend="loop").double()
+    out = paged_attention(q, k_cache, v_cache, meta, backend="sdpa").double()
+    nonfinite = int((~torch.isfinite(out)).sum()) + int((~torch.isfinite(ref)).sum())
+    diff = (out - ref).abs()
+    excess = diff - (tol.attn_atol + tol.attn_rtol * ref.abs())
+    failures = [] if nonfinite == 0 else [f"{nonfinite} non-finite attention outputs"]
+    if not bool((excess <= 0).all()):
+        failures.append(f"{int((excess > 0).sum())} elements outside atol+rtol*|ref|")
+    return CheckResult(
+        name="attention_parity", dtype=dtype, device=device, workload="ragged", passed=not failures,
+        mode="tolerance", metric=f"|d|={float(diff.max()):.1e} nonfinite={nonfinite} n={diff.numel()}",
+        tolerance=f"|d|<={tol.attn_atol:g}+{tol.attn_rtol:g}*|ref| finite",
+        seconds=time.perf_counter() - t0, failures=failures, details={"cases": [list(c) for c in cases]},
+    )

@@ -1,0 +1,240 @@
+"""Paged KV cache, block allocator, step metadata and paged attention.
+
+The metadata mirrors what serving engines hand their attention kernels
+(vLLM ``FlashAttentionMetadata`` plus runner inputs):
+
+* ``positions [T_pad]`` logical position of every token (drives RoPE only);
+* ``query_start_loc [B+1]`` row boundaries in the flat token batch;
+* ``seq_lens [B]`` KV length of each row after this step (context + chunk);
+* ``block_table [B, W]`` physical pages of each row in logical order, 0 = null page;
+* ``slot_mapping [T_pad]`` cache slot written by each token, ``-1`` = padding, skipped;
+* ``logits_indices [T]`` tokens whose logits are returned (all real tokens here).
+
+Attention is causal and **bottom-right aligned**: query ``j`` of a row with
+``q_len`` queries and ``seq_len`` keys sees keys ``0 .. seq_len - q_len + j``.
+Two backends compute it: ``"loop"``, a per-row gather + einsum reference in
+fp32/fp64 (the shape of vLLM's ``ref_paged_attn`` test oracle), and ``"sdpa"``,
+a padded gather + one ``scaled_dot_product_attention`` call with a boolean mask.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "ALIGNS", "BACKENDS", "Metadata", "RowSpec", "build_metadata",
+    "KVCache", "BlockAllocator", "PoolExhausted", "PagedAttention", "paged_attention",
+]
+
+BACKENDS = ("sdpa", "loop")
+ALIGNS = ("bottom_right", "top_left")
+_SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
+@dataclass(frozen=True)
+class RowSpec:
+    """One row of a step: feed ``num_new`` tokens after ``num_computed`` cached ones."""
+
+    num_computed: int
+    num_new: int
+    blocks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Metadata:
+    """Tensors of one step (see the module docstring); all on the cache's device."""
+
+    positions: torch.Tensor
+    query_start_loc: torch.Tensor
+    seq_lens: torch.Tensor
+    block_table: torch.Tensor
+    slot_mapping: torch.Tensor
+    logits_indices: torch.Tensor
+    block_size: int
+
+    @property
+    def num_actual_tokens(self) -> int:
+        return int(self.logits_indices.numel())
+
+
+def build_metadata(rows: Sequence[RowSpec], block_size: int, device: torch.device | str,
+                   pad_to: int = 1) -> Metadata:
+    """Correct metadata for ``rows``; the flat batch is padded to a multiple of ``pad_to``.
+
+    Each row's ``blocks`` must cover ``num_computed + num_new`` tokens.
+    Positions and slots of padding tokens are 0 and -1.
+    """
+    positions: list[int] = []
+    slots: list[int] = []
+    starts = [0]
+    width = max(len(r.blocks) for r in rows)
+    for r in rows:
+        if len(r.blocks) * block_size < r.num_computed + r.num_new:
+            raise ValueError(f"row needs {r.num_computed + r.num_new} slots, has {len(r.blocks)} pages")
+        for pos in range(r.num_computed, r.num_computed + r.num_new):
+            positions.append(pos)
+            slots.append(r.blocks[pos // block_size] * block_size + pos % block_size)
+        starts.append(len(positions))
+    total = len(positions)
+    padded = -(-total // pad_to) * pad_to
+    positions += [0] * (padded - total)
+    slots += [-1] * (padded - total)
+
+    def t(values: Sequence[int] | Sequence[Sequence[int]], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return Metadata(
+        positions=t(positions, torch.int64),
+        query_start_loc=t(starts, torch.int32),
+        seq_lens=t([r.num_computed + r.num_new for r in rows], torch.int32),
+        block_table=t([list(r.blocks) + [0] * (width - len(r.blocks)) for r in rows], torch.int32),
+        slot_mapping=t(slots, torch.int64),
+        logits_indices=torch.arange(total, device=device),
+        block_size=block_size,
+    )
+
+
+class PoolExhausted(RuntimeError):
+    """The engine's page pool has no free page left."""
+
+
+class BlockAllocator:
+    """Free list of pages ``1 .. num_blocks-1`` (page 0 is the reserved null page).
+
+    The initial order is shuffled from ``seed`` (random physical placement);
+    allocation pops the most recently freed page first, so a small pool
+    reuses freed pages at once.
+    """
+
+    def __init__(self, num_blocks: int, seed: int) -> None:
+        self.free_list = list(range(1, num_blocks))
+        random.Random(seed).shuffle(self.free_list)
+
+    def allocate(self) -> int:
+        if not self.free_list:
+            raise PoolExhausted("no free KV page left")
+        return self.free_list.pop()
+
+    def release(self, blocks: Sequence[int]) -> None:
+        self.free_list.extend(reversed(blocks))
+
+
+class KVCache:
+    """``[layers, 2, num_blocks, block_size, kv_heads, head_dim]`` filled with ``poison``.
+
+    ``poison`` is written at creation and by :meth:`poison_blocks` when pages
+    are freed, so any read of a slot that the current owner did not write
+    returns a large finite value instead of plausible stale KV or zeros.
+    """
+
+    def __init__(self, n_layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str, poison: float) -> None:
+        self.block_size = block_size
+        self.poison = poison
+        self.data = torch.full((n_layers, 2, num_blocks, block_size, kv_heads, head_dim), poison,
+                               dtype=dtype, device=device)
+
+    def poison_blocks(self, blocks: Sequence[int]) -> None:
+        if blocks:
+            idx = torch.tensor(list(blocks), device=self.data.device)
+            self.data[:, :, idx] = self.poison
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store ``k, v [n, KV, hd]`` at cache ``slots [n]`` (all valid: drop padding first)."""
+        kv = self.data[layer]
+        kv[0].view(-1, *k.shape[1:])[slots] = k
+        kv[1].view(-1, *v.shape[1:])[slots] = v
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_cache, v_cache)`` of one layer, each ``[num_blocks, block_size, KV, hd]``."""
+        return self.data[layer, 0], self.data[layer, 1]
+
+
+class PagedAttention:
+    """Causal attention of one step's ``T = num_actual_tokens`` queries over the paged cache.
+
+    Build it once per step (it precomputes gather indices and masks from
+    ``meta``), then call it once per layer with ``q [T, H, hd]`` and that
+    layer's caches.  Row ``i`` reads its first ``seq_lens[i]`` logical slots
+    through ``block_table[i]``; ``align="top_left"`` anchors the causal mask
+    at the first key instead of the last (the pre-2.1 FlashAttention
+    convention).  A query that sees no key gets zeros or NaN (backend and
+    torch version dependent).  Output: ``[T, H, hd]`` in ``q.dtype``.
+    """
+
+    def __init__(self, meta: Metadata, *, backend: str = "sdpa", align: str = "bottom_right") -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if align not in ALIGNS:
+            raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
+        self.meta, self.backend, self.align = meta, backend, align
+        if backend == "loop":
+            self.rows = list(zip(meta.query_start_loc.tolist(), meta.query_start_loc[1:].tolist(),
+                                 meta.seq_lens.tolist()))
+        else:
+            self._plan_sdpa()
+
+    def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        if self.backend == "loop":
+            return self._loop(q, k_cache, v_cache)
+        return self._sdpa(q, k_cache, v_cache)
+
+    def _loop(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        bs, kv_heads, hd = k_cache.shape[1:]
+        group = q.shape[1] // kv_heads
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        out = torch.zeros_like(q)
+        for i, (qs, qe, kl) in enumerate(self.rows):
+            ql = qe - qs
+            blk = self.meta.block_table[i, : -(-kl // bs)].long()
+            k = k_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1)
+            v = v_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1)
+            s = torch.einsum("qhd,khd->hqk", q[qs:qe].to(acc), k.to(acc)) * hd ** -0.5
+            diagonal = kl - ql + 1 if self.align == "bottom_right" else 1
+            s.masked_fill_(torch.ones(ql, kl, dtype=torch.bool, device=q.device).triu(diagonal), float("-inf"))
+            out[qs:qe] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v.to(acc)).to(q.dtype)
+        return out
+
+    def _plan_sdpa(self) -> None:
+        meta = self.meta
+        device = meta.seq_lens.device
+        bs = meta.block_size
+        qsl = meta.query_start_loc.long()
+        seq_lens = meta.seq_lens.long()
+        q_lens = qsl[1:] - qsl[:-1]
+        lq, lk = max(int(q_lens.max()), 1), max(int(seq_lens.max()), 1)
+        width = meta.block_table.shape[1]
+        kpos = torch.arange(lk, device=device)
+        pages = meta.block_table.long().gather(1, (kpos // bs).clamp(max=width - 1).expand(len(seq_lens), -1))
+        self.slots = pages * bs + kpos % bs                                      # [B, Lk]
+        j = torch.arange(lq, device=device)
+        valid = j[None, :] < q_lens[:, None]                                     # [B, Lq]
+        self.tokens = (qsl[:-1, None] + j[None, :]).clamp(max=max(meta.num_actual_tokens - 1, 0))
+        qpos = j[None, :] + ((seq_lens - q_lens)[:, None] if self.align == "bottom_right" else 0)
+        mask = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < seq_lens[:, None, None])
+        self.mask = mask[:, None]                                                # [B, 1, Lq, Lk]
+        self.keep = valid.flatten().nonzero().squeeze(1)   # padding queries are computed, then dropped
+
+    def _sdpa(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        kv_heads, hd = k_cache.shape[2:]
+        k = k_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)    # [B, KV, Lk, hd]
+        v = v_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)
+        qb = q[self.tokens].transpose(1, 2)                                    # [B, H, Lq, hd]
+        if _SDPA_HAS_GQA:
+            out = F.scaled_dot_product_attention(qb, k, v, attn_mask=self.mask, scale=hd ** -0.5, enable_gqa=True)
+        else:
+            group = q.shape[1] // kv_heads
+            out = F.scaled_dot_product_attention(qb, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
+                                                 attn_mask=self.mask, scale=hd ** -0.5)
+        return out.transpose(1, 2).flatten(0, 1)[self.keep]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Metadata, *,
+                    backend: str = "sdpa", align: str = "bottom_right") -> torch.Tensor:
+    """One-shot :class:`PagedAttention` (builds the plan and applies it to one layer)."""
+    return PagedAttention(meta, backend=backend, align=align)(q, k_cache, v_cache)

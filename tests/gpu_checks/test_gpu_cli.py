@@ -1,0 +1,74 @@
+"""``python -m gpu_checks`` end to end on CPU, and the shipped suite module under pytest."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="gpu_checks need torch")
+
+from pytest_cbatch.gpu_checks.cli import main  # noqa: E402
+
+
+def test_command_runs_end_to_end_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "gpu.json"
+    threads = torch.get_num_threads()
+    try:
+        rc = main(["--device", "cpu", "--dtype", "bfloat16", "--quick", "--json", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    header = text.splitlines()[2].split()
+    assert header == ["check", "dtype", "metric", "tolerance", "verdict", "time"]
+    assert "bfloat16 asked on CPU: running float32" in text and "decode step tiny" in text
+
+    doc = json.loads(out.read_text())
+    assert doc["passed"] is True and doc["settings"]["dtypes"] == ["float32"]
+    assert doc["environment"]["device"] == "cpu" and doc["environment"]["torch"] == torch.__version__
+    names = {r["name"] for r in doc["results"]}
+    assert {"attention_parity", "batched_vs_alone", "preemption_vs_none", "batch_invariance",
+            "negative_control", "clean", "mutant:cross_row_leak"} <= names
+    for r in doc["results"]:
+        assert r["passed"], r
+        if r["mode"] != "must_fail" and r["metrics"] is not None:
+            assert r["metrics"]["nonfinite"] == 0 and r["metrics"]["worst"]["request"]
+    step = doc["decode_steps"][0]
+    assert step["achieved_ms"] > 0 and step["floor_ms"] > 0 and isinstance(step["overhead_bound"], bool)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA refusal")
+def test_cuda_requested_without_cuda_is_refused() -> None:
+    with pytest.raises(SystemExit, match="no CUDA device"):
+        main(["--device", "cuda"])
+
+
+def test_suite_module_runs_on_the_reference_scheduler(pytester: pytest.Pytester) -> None:
+    import pytest_cbatch.suite as suite
+
+    module = Path(suite.__file__).with_name("test_numerics.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cbatch-impl=reference",
+                                           "-k", "float64-demo or negative_control-float64", str(module))
+    result.assert_outcomes(passed=8)
+
+
+def test_a_check_that_raises_is_recorded_as_a_failure_and_the_run_goes_on() -> None:
+    from pytest_cbatch.gpu_checks.cli import _guarded
+
+    def broken() -> None:
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    [result] = _guarded("attention_parity", "bfloat16", "cuda", broken)
+    assert not result.passed and "RuntimeError: CUDA error" in result.metric
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_command_runs_end_to_end_on_cuda(tmp_path: Path) -> None:
+    out = tmp_path / "gpu.json"
+    assert main(["--device", "cuda", "--quick", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["environment"]["tf32_matmul"] is False and doc["settings"]["dtypes"] == ["bfloat16", "float32"]
+    assert all("error" not in t for t in doc["decode_steps"])
