@@ -260,7 +260,10 @@ def test_suite_collected_despite_user_python_files(pytester: pytest.Pytester) ->
 def test_suite_runs_under_strict_markers(pytester: pytest.Pytester) -> None:
     """A common user setting: every marker the suite's modules use must be registered by the plugin."""
     result = pytester.runpytest_subprocess("--strict-markers", "--cbatch-impl=reference", "-k", DEMO)
-    assert_demo_passed(result, "reference")
+    outcomes = result.parseoutcomes()
+    assert result.ret == OK, result.stdout.str() + result.stderr.str()
+    # Without torch the numerics module skips as a whole; every contract check of the demo still passes.
+    assert outcomes["passed"] == DEMO_CHECKS and outcomes.get("skipped", 0) <= 1, outcomes
 
 
 def _project_with_testpaths(pytester: pytest.Pytester) -> None:
