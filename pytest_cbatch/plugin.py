@@ -249,7 +249,6 @@ def cbatch_run(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
 
     def run(trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
         from .runner import ALL_CLAUSES
-
         from .workloads import BASE_CONFIG
 
         cfg = {**BASE_CONFIG, **(config or {})}

@@ -57,8 +57,7 @@ def _check_generated(state: CbatchState, workload: tuple[list[dict[str, Any]], d
 
 
 @given(workload=strategies.workloads())
-def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]], cbatch_state: CbatchState,
-                          request: pytest.FixtureRequest) -> None:
+def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]], cbatch_state: CbatchState) -> None:
     """Every report clause on hypothesis-generated traces and configs (reserve admission)."""
     _check_generated(cbatch_state, workload, "reserve")
 
