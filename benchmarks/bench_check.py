@@ -12,7 +12,7 @@ import time
 
 from pytest_cbatch.contract import check_report
 from pytest_cbatch.reference.scheduler_sim import simulate
-from pytest_cbatch.reference.trace_format import validate_trace
+from pytest_cbatch.reference.scheduler_sim import validate_trace
 from pytest_cbatch.schemas import validator_backend
 from workload import BENCH_CONFIG, large_trace
 

@@ -12,21 +12,21 @@ behaviour.  ``BROKEN`` maps each name to the clause it must fail.
 
 from __future__ import annotations
 
+import heapq
 import random
 from typing import Any, Callable
 
 from pytest_cbatch.reference import scheduler_sim as ref
-from pytest_cbatch.reference.trace_format import validate_config, validate_trace
+from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
 
 __all__ = ["BROKEN"]
 
 Report = dict[str, Any]
 
 
-def _run(simulation: type, trace: Any, config: dict[str, Any]) -> Report:
-    """Run a (subclassed) reference simulation with the reference's validation."""
-    cfg = validate_config({**ref.DEFAULT_CONFIG, **config})
-    return simulation(cfg, validate_trace(trace), False).run()
+def _run(scheduler: type, trace: Any, config: dict[str, Any]) -> Report:
+    """Run a (subclassed) reference scheduler with the reference's validation."""
+    return ref.drive(scheduler(**validate_config({**ref.DEFAULT_CONFIG, **config})), validate_trace(trace))
 
 
 def _ignoring(setting: str, change: Callable[[Any], Any]) -> Callable[..., Report]:
@@ -59,12 +59,13 @@ def itl_zero_for_one_token(trace: Any, **config: Any) -> Report:
     return report
 
 
-class _LeakOnCancel(ref._Simulation):
-    def release_due(self, t: int) -> None:
-        leaking = [req for due, req in self.draining if due <= t and req.status == "cancelled" and req.pages]
-        super().release_due(t)
+class _LeakOnCancel(ref.Scheduler):
+    def _release_due(self) -> None:
+        leaking = [rid for due, rid in self.releases
+                   if due <= self.now and self.requests[rid].status == "cancelled" and self.tables[rid]]
+        super()._release_due()
         for _ in leaking:  # the release event goes out, but one of its pages never returns
-            self.free.pop()
+            heapq.heappop(self.free)
 
 
 def leak_on_cancel(trace: Any, **config: Any) -> Report:
@@ -72,12 +73,12 @@ def leak_on_cancel(trace: Any, **config: Any) -> Report:
     return _run(_LeakOnCancel, trace, config)
 
 
-class _Recancel(ref._Simulation):
-    def cancel(self, t: int, rid: str) -> None:
+class _Recancel(ref.Scheduler):
+    def cancel(self, rid: str) -> None:
         if self.requests[rid].status == "cancelled":
-            self.events.append({"time": t, "event": "cancelled", "id": rid})
+            self.events.append({"time": self.now, "event": "cancelled", "id": rid})
             return
-        super().cancel(t, rid)
+        super().cancel(rid)
 
 
 def recancel(trace: Any, **config: Any) -> Report:
@@ -122,8 +123,28 @@ def pending_sample_refed(trace: Any, **config: Any) -> Report:
 budget_overrun = _ignoring("token_budget", lambda budget: budget + 1)
 budget_overrun.__doc__ = "Feeds one token more than the token budget allows."
 
-early_reuse = _ignoring("release_delay", lambda delay: 0)
-early_reuse.__doc__ = "Ignores release_delay: a retired request's pages are reused at once."
+release_delay_ignored = _ignoring("release_delay", lambda delay: 0)
+release_delay_ignored.__doc__ = "Ignores release_delay: a retired request's pages are released at once."
+
+
+class _EarlyReuse(ref.Scheduler):
+    def _retire(self, req: Any, status: str) -> None:
+        running = req.status == "active"
+        super()._retire(req, status)
+        if running:  # back on the free heap at once, though the table drains and the release comes later
+            for page in self.tables[req.id]:
+                heapq.heappush(self.free, page)
+
+    def _release_due(self) -> None:
+        while self.releases and self.releases[0][0] <= self.now:
+            _, rid = heapq.heappop(self.releases)
+            self.draining_pages -= len(self.tables.pop(rid))
+            self.events.append({"time": self.now, "event": "release", "id": rid})
+
+
+def early_reuse(trace: Any, **config: Any) -> Report:
+    """Hands a retired request's pages to new rows before its release event."""
+    return _run(_EarlyReuse, trace, config)
 
 over_admission = _ignoring("max_active", lambda limit: limit + 1)
 over_admission.__doc__ = "Admits one request more than max_active."
@@ -173,13 +194,10 @@ def mutates_input(trace: Any, **config: Any) -> Report:
     return report
 
 
-class _RandomPages(ref._Simulation):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        pages = list(self.free)
-        random.shuffle(pages)  # unseeded on purpose
-        self.free.clear()
-        self.free.extend(pages)
+class _RandomPages(ref.Scheduler):
+    def __init__(self, **config: Any) -> None:
+        super().__init__(**config)
+        random.shuffle(self.free)  # unseeded on purpose (and no longer a heap: pops come out in random order)
 
 
 def nondeterministic_pages(trace: Any, **config: Any) -> Report:
@@ -187,11 +205,36 @@ def nondeterministic_pages(trace: Any, **config: Any) -> Report:
     return _run(_RandomPages, trace, config)
 
 
+def _lenient_int(value: Any, least: int) -> int:
+    try:
+        return max(least, int(value))
+    except (TypeError, ValueError):
+        return least
+
+
 def accepts_invalid(trace: Any, **config: Any) -> Report:
-    """Skips input validation and simulates whatever it is given."""
-    lines = [dict(line) for line in trace]
-    lines.sort(key=lambda line: line["time"] if isinstance(line.get("time"), int) else 0)
-    return ref._Simulation({**ref.DEFAULT_CONFIG, **config}, lines, False).run()
+    """Parses leniently instead of refusing: coerces bad values, drops unknown fields,
+    duplicate ids and stray cancels, and simulates what is left."""
+    lines, seen = [], set()
+    for line in trace:
+        if not isinstance(line, dict) or line.get("event") not in ("arrival", "cancel"):
+            continue
+        rid = str(line.get("id") or "?")
+        if (line["event"] == "arrival") == (rid in seen):
+            continue
+        seen.add(rid)
+        clean = {"time": _lenient_int(line.get("time"), 0), "event": line["event"], "id": rid}
+        if line["event"] == "arrival":
+            clean.update(prompt_tokens=_lenient_int(line.get("prompt_tokens"), 1),
+                         output_tokens=_lenient_int(line.get("output_tokens"), 1))
+        lines.append(clean)
+    lines.sort(key=lambda line: (line["time"], line["event"] == "cancel"))
+    settings = {key: (_lenient_int(config.get(key), 1 if key != "release_delay" else 0)
+                      if isinstance(value, int) else config.get(key, value))
+                for key, value in ref.DEFAULT_CONFIG.items()}
+    settings = {k: v if k not in ("policy", "admission") or v in ref.CONFIG_CHOICES[k] else ref.DEFAULT_CONFIG[k]
+                for k, v in settings.items()}
+    return ref.simulate(lines, **settings)
 
 
 BROKEN: dict[str, tuple[Callable[..., Report], str]] = {
@@ -203,6 +246,7 @@ BROKEN: dict[str, tuple[Callable[..., Report], str]] = {
     "pending_sample_refed": (pending_sample_refed, "pending_sample_fed_once"),
     "budget_overrun": (budget_overrun, "budget_respected"),
     "early_reuse": (early_reuse, "no_reuse_before_release"),
+    "release_delay_ignored": (release_delay_ignored, "release_once_after_delay"),
     "over_admission": (over_admission, "lifecycle_order"),
     "oversized_chunks": (oversized_chunks, "row_shape"),
     "impossible_queued": (impossible_queued, "impossible_rejected"),

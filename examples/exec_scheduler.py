@@ -10,7 +10,7 @@ The protocol, for a scheduler written in any language:
 * **Input.**  One JSON object on stdin: ``{"trace": [...], "config": {...}}``.
   ``trace`` is the list of trace lines (``{"time", "event": "arrival", "id",
   "prompt_tokens", "output_tokens"}`` and ``{"time", "event": "cancel",
-  "id"}``; see ``reference/trace_format.py``).  ``config`` holds the settings
+  "id"}``; see ``reference/scheduler_sim.py``).  ``config`` holds the settings
   of the run: ``capacity``, ``block_size``, ``token_budget``, ``max_active``,
   ``prefill_chunk``, ``release_delay``, ``policy`` and, for some workloads,
   ``admission``.  A setting that is absent takes the scheduler's default.

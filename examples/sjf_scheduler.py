@@ -55,10 +55,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 try:
-    from pytest_cbatch.reference.trace_format import validate_config, validate_trace
+    from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
 except ImportError:  # an uninstalled checkout: the kit's validator sits in ../reference
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "reference"))
-    from trace_format import validate_config, validate_trace
+    from scheduler_sim import validate_config, validate_trace
 
 __all__ = ["simulate", "pages_needed"]
 

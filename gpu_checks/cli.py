@@ -1,11 +1,16 @@
 """``python -m gpu_checks`` / ``cbatch gpu``: every numeric check on the available device.
 
-Runs, per dtype: attention-backend parity, the schedule checks on three
-self-generated workloads (mixed, chunked, preemption), preemption vs none,
-the bitwise batch-invariance mode with its negative control and the mutant
-kill matrix; then decode-step timings against their roofline floor.  Prints a
-table (check, dtype, metric, tolerance, verdict, time) and optionally writes
-everything as JSON.  Exit status: 0 all passed, 1 a check failed, 2 bad usage.
+Runs one profile (:mod:`.profiles`; ``--profile gpu`` is the default on CUDA,
+``cpu`` elsewhere), per dtype: attention-kernel parity at normal and large
+scores, the schedule checks on short and long-context workloads,
+preemption vs none, the bitwise batch-invariance mode with its negative
+control and the mutant kill matrix; then decode-step timings against their
+roofline floor.  Prints a table (check, dtype, metric, tolerance, verdict,
+time) and optionally writes everything as JSON.  ``--dry-run`` prints the
+plan and its size estimate and runs nothing.  A stage that would start after
+the profile's time budget is recorded as not run (and fails the run), so a
+time-limited GPU session always ends with its JSON written.  Exit status: 0
+all passed, 1 a check failed or was not run, 2 bad usage.
 
 Schedules come from :mod:`.schedules` (no scheduler implementation needed).
 """
@@ -22,7 +27,6 @@ from typing import Any, Callable, Sequence
 __all__ = ["main", "build_parser"]
 
 _DTYPES = ("float64", "float32", "bfloat16")
-_QUICK_BUGS = ("cross_row_leak", "decode_position_off_by_one", "read_past_end", "stale_block_table")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -30,53 +34,34 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when available, else cpu")
     p.add_argument("--dtype", action="append", choices=_DTYPES,
-                   help="repeatable; default bfloat16+float32 on cuda, float64+float32 on cpu "
-                        "(bfloat16 on cpu runs as float32)")
-    p.add_argument("--preset", choices=("tiny", "gpu-small"), help="parity model; default gpu-small on cuda, tiny on cpu")
+                   help="repeatable; default: the profile's (gpu: bfloat16+float32, cpu: float64+float32; "
+                        "bfloat16 on cpu runs as float32)")
+    p.add_argument("--profile", choices=("cpu", "gpu"),
+                   help="what to run and at which sizes; default gpu on cuda, cpu otherwise")
     p.add_argument("--json", metavar="PATH", help="write the full results here")
-    p.add_argument("--quick", action="store_true", help="smaller workloads, 4 mutants, fewer timings")
+    p.add_argument("--quick", action="store_true", help="smaller workloads, 4 short-workload mutants, fewer timings")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and its size estimate; run nothing")
+    p.add_argument("--budget", type=float, metavar="SECONDS",
+                   help="start no stage after this many seconds (default: the profile's budget)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1,
                    help="CPU threads for torch (default 1: the tiny model is latency-bound)")
     return p
 
 
-def _workloads(block_size: int, max_len: int, quick: bool) -> list[tuple[str, list, dict, dict | None]]:
-    """(name, trace, report, baseline report) triples from the built-in FCFS planner."""
-    from .schedules import boundary_trace, fcfs_schedule
-
-    bs = block_size
-    n = 5 if quick else 10
-    mixed = boundary_trace(n, bs, 2 * bs, max_len, seed=1)
-    chunked = boundary_trace(n, bs, bs - 1, max_len, seed=2, gap=2)
-    a, b, c = 3 * bs, bs + 1, 2 * bs - 1
-    pre = [{"time": 0, "event": "arrival", "id": rid, "prompt_tokens": p, "output_tokens": o}
-           for rid, p, o in (("a", a, bs), ("b", b, 2 * bs), ("c", c, bs // 2), ("d", 5, 3))]
-    # "a" mid-prefill one token past a page boundary, and again right after its recompute;
-    # "c" after its first decode, on a page boundary; "b" mid-decode
-    script = [("a", 1), ("c", 2 * bs), ("b", b + 3), ("a", bs)]
-    plan = {"token_budget": 3 * bs + 1, "prefill_chunk": 2 * bs, "max_active": 6, "block_size": bs}
-    preempt_plan = {**plan, "prefill_chunk": bs + 1}
-    return [
-        ("mixed", mixed, fcfs_schedule(mixed, **plan), None),
-        ("chunked", chunked, fcfs_schedule(chunked, **{**plan, "token_budget": bs + 1, "prefill_chunk": bs - 1}),
-         None),
-        ("preempt", pre, fcfs_schedule(pre, preempt=script, **preempt_plan), fcfs_schedule(pre, **preempt_plan)),
-    ]
-
-
-def _resolve(args: argparse.Namespace) -> tuple[str, list[str], list[str]]:
+def _resolve(args: argparse.Namespace, profile_dtypes: Callable[[str], Sequence[str]]) -> tuple[str, list[str],
+                                                                                             list[str]]:
+    """(device, dtypes, notes); ``profile_dtypes(device)`` gives the default dtypes on ``device``."""
     import torch
 
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
+    if device == "cuda" and not torch.cuda.is_available() and not args.dry_run:
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
     notes = []
-    dtypes = list(dict.fromkeys(args.dtype or (["bfloat16", "float32"] if device == "cuda" else
-                                               ["float64", "float32"])))
-    if device == "cpu" and "bfloat16" in dtypes:
+    dtypes = list(dict.fromkeys(args.dtype or profile_dtypes(device)))
+    if device == "cpu" and "bfloat16" in dtypes and not args.dry_run:
         notes.append("bfloat16 asked on CPU: running float32 instead (bf16 parity is a GPU measurement)")
         dtypes = list(dict.fromkeys("float32" if d == "bfloat16" else d for d in dtypes))
     return device, dtypes, notes
@@ -94,58 +79,68 @@ def _guarded(name: str, dtype: str, device: str, fn: Callable[[], Any]) -> list[
     return out if isinstance(out, list) else [out]
 
 
-def _run_checks(device: str, dtypes: Sequence[str], preset: str, seed: int, quick: bool) -> list[Any]:
-    from .checks import (mutant_kill_matrix, run_attention_parity, run_invariance_checks, run_preemption_check,
-                         run_schedule_checks)
-    from .engine import BUGS
-    from .model import PRESETS
+def _stage_call(stage: Any, built: Any, common: dict[str, Any]) -> tuple[str, Callable[[], Any]]:
+    """(label, thunk) running one stage of the plan."""
+    from .attention import run_attention_parity
+    from .checks import mutant_kill_matrix, run_invariance_checks, run_preemption_check, run_schedule_checks
 
-    bs = PRESETS[preset].block_size
-    max_len = 5 * bs if preset == "tiny" else 16 * bs
-    workloads = _workloads(bs, max_len, quick)
-    results = []
-    for i, dtype in enumerate(dtypes):
-        common = {"dtype": dtype, "device": device, "preset": preset, "seed": seed}
+    if stage.kind == "attention":
+        name = "attention_large_scores" if stage.q_gain != 1.0 else "attention_parity"
+        return name, lambda: run_attention_parity(preset=stage.preset, q_gain=stage.q_gain, **common)
+    trace, report, baseline, bs = built.workloads[stage.workload]
+    kw = {**common, "preset": stage.preset, "block_size": bs, "workload": stage.workload}
+    if stage.kind == "schedule":
+        checks = {"checks": stage.checks} if stage.checks else {}
+        return f"schedule_checks[{stage.workload}]", lambda: run_schedule_checks(trace, report, **checks, **kw)
+    if stage.kind == "preemption":
+        return "preemption_vs_none", lambda: run_preemption_check(trace, report, baseline, **kw)
+    if stage.kind == "invariance":
+        return "invariance_checks", lambda: run_invariance_checks(trace, report, **kw)
+    checks = {"checks": stage.checks} if stage.checks else {}
+    return "mutant_kill_matrix", lambda: mutant_kill_matrix(trace, report, bugs=stage.bugs, **checks, **kw)
 
-        def run(name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-            results.extend(_guarded(name, dtype, device, lambda: fn(*args, **kwargs, **common)))
 
-        run("attention_parity", run_attention_parity)
-        for name, trace, report, baseline in workloads:
-            run(f"schedule_checks[{name}]", run_schedule_checks, trace, report, workload=name)
-            if baseline is not None:
-                run("preemption_vs_none", run_preemption_check, trace, report, baseline, workload=name)
-        name, trace, report, _ = workloads[1]
-        run("invariance_checks", run_invariance_checks, trace, report, workload=name)
-        if not quick or i == 0:
-            name, trace, report, _ = workloads[2]
-            run("mutant_kill_matrix", mutant_kill_matrix, trace, report,
-                bugs=_QUICK_BUGS if quick else tuple(BUGS), workload=name)
+def _run_checks(built: Any, device: str, dtypes: Sequence[str], seed: int, deadline: float) -> list[Any]:
+    from .checks import CheckResult
+
+    results: list[Any] = []
+    for dtype in dtypes:
+        for stage in built.stages:
+            if stage.dtypes and dtype not in stage.dtypes:
+                continue
+            name, thunk = _stage_call(stage, built, {"dtype": dtype, "device": device, "seed": seed})
+            if time.perf_counter() > deadline:
+                results.append(CheckResult(name=name, dtype=dtype, device=device, workload=stage.workload,
+                                           passed=False, mode="not_run", metric="not run: time budget spent",
+                                           tolerance="-"))
+                continue
+            results.extend(_guarded(name, dtype, device, thunk))
     return results
 
 
-def _run_perf(device: str, quick: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _run_perf(device: str, built: Any, quick: bool, deadline: float) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from .perf import decode_step_timing, measure_ceilings
 
     ceilings = measure_ceilings(device)
-    if device == "cuda":
-        plan = [("gpu-small", 1), ("gpu-small", 64)] + ([] if quick else [("perf-1b", 1), ("perf-1b", 64)])
-        dtype, context = "bfloat16", 1024
-    else:
-        plan = [("tiny", 8)] if quick else [("tiny", 1), ("tiny", 8)]
-        dtype, context = "float32", 128
+    plan = built.profile.timings[:2] if quick else built.profile.timings
+    dtype = built.profile.timing_dtype
     timings = []
-    for preset, batch in plan:
+    for preset, batch, context in plan:
+        head = {"preset": preset, "batch": batch, "context": context, "dtype": dtype}
+        if time.perf_counter() > deadline:
+            timings.append({**head, "error": "not run: time budget spent"})
+            continue
         try:
             timings.append(decode_step_timing(preset, batch, context, device=device, dtype=dtype,
                                               ceilings=ceilings, iters=5 if quick else 10))
         except Exception as exc:  # e.g. out of memory on a smaller GPU: record it, keep going
-            timings.append({"preset": preset, "batch": batch, "context": context, "dtype": dtype,
-                            "error": f"{type(exc).__name__}: {exc}"[:300]})
+            timings.append({**head, "error": f"{type(exc).__name__}: {exc}"[:300]})
     return ceilings, timings
 
 
 def _verdict(r: Any) -> str:
+    if r.mode == "not_run":
+        return "NOT RUN"
     if r.skipped:
         return "SKIP"
     if r.mode == "must_fail":
@@ -164,6 +159,28 @@ def _table(results: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+def _dry_run(built: Any, dtypes: Sequence[str]) -> int:
+    from .profiles import estimate
+
+    size = estimate(built, tuple(dtypes))
+    print(f"profile {built.profile.name}: {len(built.stages)} stages x dtypes {', '.join(dtypes)}")
+    for stage in built.stages:
+        what = stage.bugs or stage.checks or (
+            (f"q_gain {stage.q_gain:g}",) if stage.kind == "attention" else (f"all {stage.kind} checks",))
+        only = f" [{', '.join(stage.dtypes)} only]" if stage.dtypes else ""
+        print(f"  {stage.kind:<10} {stage.workload or '-':<13} {stage.preset:<13} {', '.join(what)}{only}")
+    for name, (trace, report, _, bs) in sorted(built.workloads.items()):
+        lens = [line["prompt_tokens"] for line in trace if line["event"] == "arrival"]
+        steps = sum(1 for e in report["events"] if e.get("event") == "dispatch")
+        print(f"  workload {name}: {len(lens)} requests, longest prompt {max(lens)}, {steps} steps, page {bs}")
+    for preset, batch, context in built.profile.timings:
+        print(f"  decode timing {preset} batch {batch} context {context} {built.profile.timing_dtype}")
+    print(f"estimate: {size['engine_steps']} engine steps, {size['positions']} positions, "
+          f"float64 oracle {size['oracle_tflop']} TFLOP, peak memory {size['peak_gib']} GiB, "
+          f"about {size['estimated_seconds']} s (budget {size['budget_s']:g} s)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``python -m gpu_checks`` and ``cbatch gpu``; returns the exit status."""
     args = build_parser(prog).parse_args(argv)
@@ -172,10 +189,21 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except ImportError:
         print("error: gpu_checks need torch: pip install 'pytest-cbatch[gpu]'", file=sys.stderr)
         return 2
+    from .profiles import PROFILES, build
+
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the bitwise checks
     start = time.perf_counter()
-    device, dtypes, notes = _resolve(args)
-    preset = args.preset or ("gpu-small" if device == "cuda" else "tiny")
+
+    def profile_of(device: str) -> Any:
+        return PROFILES[args.profile or ("gpu" if device == "cuda" else "cpu")]
+
+    device, dtypes, notes = _resolve(args, lambda d: profile_of(d).dtypes)
+    profile = profile_of(device)
+    built = build(profile, quick=args.quick)
+    if args.dry_run:
+        return _dry_run(built, dtypes)
+    end = start + (args.budget if args.budget is not None else profile.budget_s)
+    checks_deadline = end - profile.checks_reserve_s()
     if device == "cpu":
         torch.set_num_threads(args.threads)
     else:
@@ -187,23 +215,24 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
     env = environment(device)
     print(f"gpu_checks on {device} ({env['device_name']}), torch {env['torch']}"
-          + (f", CUDA {env['cuda']}, TF32 matmul={env['tf32_matmul']} cudnn={env['tf32_cudnn']}"
-             if device == "cuda" else f", {env['cpu_threads']} threads")
-          + f"; preset {preset}, dtypes {', '.join(dtypes)}")
+          + (f", CUDA {env['cuda']}, driver {env.get('driver')}, TF32 matmul={env['tf32_matmul']} "
+             f"cudnn={env['tf32_cudnn']}" if device == "cuda" else f", {env['cpu_threads']} threads")
+          + f"; profile {profile.name}, dtypes {', '.join(dtypes)}")
     for note in notes:
         print(f"note: {note}")
     document: dict[str, Any] = {
         "schema_version": 1,
-        "settings": {"device": device, "dtypes": dtypes, "preset": preset, "seed": args.seed,
-                     "quick": args.quick, "notes": notes},
+        "settings": {"device": device, "dtypes": dtypes, "profile": profile.name, "preset": profile.preset,
+                     "seed": args.seed, "quick": args.quick, "budget_s": round(end - start, 3),
+                     "notes": notes},
         "environment": env,
     }
-    results = _run_checks(device, dtypes, preset, args.seed, args.quick)
+    results = _run_checks(built, device, dtypes, args.seed, checks_deadline)
     passed = all(r.passed for r in results)
     document.update(passed=passed, results=[r.as_dict() for r in results])
     _write_json(args.json, document)   # early copy: the timings below can be cut short by a time limit
     print(_table(results))
-    ceilings, timings = _run_perf(device, args.quick)
+    ceilings, timings = _run_perf(device, built, args.quick, end)
     for t in timings:
         head = f"decode step {t['preset']} {t['dtype']} batch {t['batch']} context {t['context']}"
         if "error" in t:

@@ -29,7 +29,11 @@ from .model import Model, apply_rope
 from .paged import BACKENDS, BlockAllocator, KVCache, Metadata, PagedAttention, RowSpec, build_metadata
 from .streams import Records, Streams
 
-__all__ = ["BUGS", "NUMERICS", "EngineConfig", "ScheduleError", "run_schedule", "peak_pages", "paged_forward"]
+ROPE_TABLE_POSITIONS = 1024   # rope_table_capped: a table sized for max_position_embeddings = 1024
+BLOCK_TABLE_PAGES = 64        # block_table_truncated: 1,024 tokens at 16-token pages
+
+__all__ = ["BUGS", "BUG_REGIMES", "NUMERICS", "EngineConfig", "ScheduleError", "run_schedule", "peak_pages",
+           "paged_forward", "ROPE_TABLE_POSITIONS", "BLOCK_TABLE_PAGES"]
 
 BUGS: dict[str, str] = {
     "cross_row_leak": "query_start_loc boundaries one token early: each row's first query is the previous "
@@ -45,6 +49,25 @@ BUGS: dict[str, str] = {
     "stale_block_table": "after a preemption the request keeps its freed page ids and recomputes into them",
     "attention_before_write": "attention runs before the step's KV is written to the cache",
     "double_allocation": "every third page allocation hands out a page another live request holds",
+    "split_kv_merge_unscaled": "the split-KV decode kernel sums its 512-key partitions without rescaling them "
+                               "to a common max (only wrong past 512 keys)",
+    "rope_table_capped": f"RoPE reads a cos/sin table of {ROPE_TABLE_POSITIONS} positions: later positions "
+                         "get the last entry's rotation",
+    "block_table_truncated": f"the attention block table holds {BLOCK_TABLE_PAGES} pages per request: later "
+                             "entries stay the null page (writes still land in the right pages)",
+    "softmax_without_max": "the decode kernel takes exp(score) without subtracting the max: overflows to "
+                           "inf/NaN once scores pass ~88.7 in float32/bfloat16",
+}
+
+# Where each bug shows: "short" bugs show on any workload; the others need the
+# long-context workloads (past 512 keys, 1,024 positions, 64 pages) or scores
+# in the float32 overflow range of a naive exp.
+BUG_REGIMES: dict[str, str] = {
+    **{bug: "short" for bug in BUGS},
+    "split_kv_merge_unscaled": "long_context",
+    "rope_table_capped": "long_context",
+    "block_table_truncated": "long_context",
+    "softmax_without_max": "large_scores",
 }
 
 NUMERICS = ("default", "batch_invariant", "batch_variant")
@@ -129,7 +152,8 @@ class _Ledger:
         rows: list[_Row] = []
         seen: set[str] = set()
         for item in work:
-            rid, phase, n = str(item["id"]), str(item["phase"]), item["input_tokens"]
+            rid, phase, n = (_field(item, name, "dispatch row") for name in ("id", "phase", "input_tokens"))
+            rid, phase = str(rid), str(phase)
             if rid not in self.streams.tokens:
                 raise ScheduleError(f"dispatch row for unknown request {rid!r}")
             if rid in self.ended or rid in seen:
@@ -181,6 +205,13 @@ class _Ledger:
         self.on_free(pages)
 
 
+def _field(item: Any, name: str, what: str) -> Any:
+    """``item[name]``, or a ScheduleError saying which field of which record is missing."""
+    if not isinstance(item, Mapping) or name not in item:
+        raise ScheduleError(f"{what} without the field {name!r}: {item!r}"[:300])
+    return item[name]
+
+
 def _replay(events: Sequence[Mapping[str, Any]], ledger: _Ledger,
             on_step: Callable[[int, list[_Row]], None], reverse_rows: bool = False) -> None:
     release_ids = {e.get("id") for e in events if e.get("event") == "release"}
@@ -188,21 +219,24 @@ def _replay(events: Sequence[Mapping[str, Any]], ledger: _Ledger,
     for event in events:
         kind = event.get("event")
         if kind == "dispatch":
-            work = list(event["work"])
+            work = _field(event, "work", "dispatch event")
+            if not isinstance(work, list):
+                raise ScheduleError(f"dispatch event whose work is not a list: {work!r}"[:300])
             rows = ledger.plan(work[::-1] if reverse_rows else work)
             on_step(step, rows)
             ledger.advance(rows)
             step += 1
         elif kind == "preempted":
-            ledger.preempt(str(event["id"]))
+            ledger.preempt(str(_field(event, "id", "preempted event")))
         elif kind == "release" or (kind in ("finished", "cancelled") and event.get("id") not in release_ids):
-            ledger.end(str(event["id"]))
+            ledger.end(str(_field(event, "id", f"{kind} event")))
 
 
 def peak_pages(streams: Streams, events: Sequence[Mapping[str, Any]], block_size: int) -> int:
     """Most pages live at once when ``events`` run on a clean engine (validates the schedule)."""
-    upper = 1 + sum(w["input_tokens"] for e in events if e.get("event") == "dispatch" for w in e["work"]
-                    if isinstance(w.get("input_tokens"), int))
+    upper = 1 + sum(w["input_tokens"] for e in events if e.get("event") == "dispatch"
+                    and isinstance(e.get("work"), list) for w in e["work"]
+                    if isinstance(w, Mapping) and isinstance(w.get("input_tokens"), int))
     ledger = _Ledger(streams, block_size, BlockAllocator(upper + 1, seed=0))
     _replay(events, ledger, lambda step, rows: None)
     return ledger.peak
@@ -210,7 +244,7 @@ def peak_pages(streams: Streams, events: Sequence[Mapping[str, Any]], block_size
 
 _METADATA_BUGS = frozenset({"positions_restart", "decode_position_off_by_one", "cross_row_leak",
                             "slot_mapping_off_by_one", "seq_lens_exclude_chunk", "read_past_end",
-                            "wrong_block_table_row"})
+                            "wrong_block_table_row", "rope_table_capped", "block_table_truncated"})
 
 
 def _inject(meta: Metadata, rows: Sequence[_Row], bugs: frozenset[str], num_slots: int) -> Metadata:
@@ -226,6 +260,8 @@ def _inject(meta: Metadata, rows: Sequence[_Row], bugs: frozenset[str], num_slot
         positions[:T] -= torch.tensor([r.start for r in rows], device=dev).repeat_interleave(n)
     if "decode_position_off_by_one" in bugs:
         positions[:T] -= torch.tensor([r.phase == "decode" for r in rows], device=dev).long().repeat_interleave(n)
+    if "rope_table_capped" in bugs:
+        positions = positions.clamp(max=ROPE_TABLE_POSITIONS - 1)
     changes["positions"] = positions
     if "cross_row_leak" in bugs and len(rows) > 1:
         qsl = meta.query_start_loc.clone()
@@ -245,6 +281,9 @@ def _inject(meta: Metadata, rows: Sequence[_Row], bugs: frozenset[str], num_slot
         block_table = F.pad(block_table, (0, 1))   # the slot past the end may lie in an unlisted page
     if "wrong_block_table_row" in bugs and len(rows) > 1:
         block_table = block_table.roll(1, dims=0)
+    if "block_table_truncated" in bugs:
+        block_table = block_table.clone()
+        block_table[:, BLOCK_TABLE_PAGES:] = 0
     changes["seq_lens"] = seq_lens
     changes["block_table"] = block_table
     return replace(meta, **changes)
@@ -258,11 +297,14 @@ def paged_forward(model: Model, cache: KVCache, meta: Metadata, input_ids: torch
     ``input_ids`` holds the ``T`` real tokens (padding is added here).  Each
     layer writes the step's K/V at ``meta.slot_mapping`` and then runs paged
     attention over the cache; ``bugs`` may hold the attention-level faults
-    ``rope_k_offset``, ``top_left_mask`` and ``attention_before_write``.
+    ``rope_k_offset``, ``top_left_mask``, ``attention_before_write``,
+    ``split_kv_merge_unscaled`` and ``softmax_without_max``.
     """
     T = meta.num_actual_tokens
     ids = F.pad(input_ids.to(model.device), (0, meta.positions.numel() - T))
-    attention = PagedAttention(meta, backend=backend, align="top_left" if "top_left_mask" in bugs else "bottom_right")
+    attention = PagedAttention(meta, backend=backend, align="top_left" if "top_left_mask" in bugs else "bottom_right",
+                               merge="unscaled" if "split_kv_merge_unscaled" in bugs else "rescaled",
+                               softmax="naive" if "softmax_without_max" in bugs else "stable")
     late_write = "attention_before_write" in bugs
     k_shift = torch.full_like(meta.positions, -1) if "rope_k_offset" in bugs else None
     written = (meta.slot_mapping >= 0).nonzero().squeeze(1)   # slot -1 (padding) is never written

@@ -34,7 +34,13 @@ AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tenso
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of the decoder.  ``block_size`` is the default KV page size for engines."""
+    """Shape of the decoder.  ``block_size`` is the default KV page size for engines.
+
+    ``q_gain`` multiplies the query rows of every QKV weight after drawing
+    (the same random numbers, so attention scores scale by exactly ``q_gain``
+    when it is a power of two): it pushes scores into the range where a naive
+    ``exp`` overflows in float32 and bfloat16 (scores above ~88.7).
+    """
 
     vocab: int
     d_model: int
@@ -46,6 +52,7 @@ class ModelConfig:
     block_size: int = 16
     rope_theta: float = 1e4
     norm_eps: float = 1e-5
+    q_gain: float = 1.0
 
     def __post_init__(self) -> None:
         if self.n_heads % self.n_kv_heads:
@@ -69,9 +76,17 @@ PRESETS: dict[str, ModelConfig] = {
     # parity on H100/H200 (bf16 + fp32), ~99 M parameters.
     "gpu-small": ModelConfig(vocab=4096, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, head_dim=64,
                              ffn_dim=2816),
+    # the same weights with queries x32, for large scores on the GPU.
+    "gpu-small-hot": ModelConfig(vocab=4096, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, head_dim=64,
+                                 ffn_dim=2816, q_gain=32.0),
     # timing only, ~1.1 B parameters (2.2 GB in bf16).
     "perf-1b": ModelConfig(vocab=32000, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
                            ffn_dim=8192),
+    # long contexts on CPU (1,000+ positions, 70+ pages in seconds), ~0.1 M parameters.
+    "narrow": ModelConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176),
+    # the same weights with queries x32: attention scores past the float32 overflow range of a naive exp.
+    "narrow-hot": ModelConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                              ffn_dim=176, q_gain=32.0),
 }
 
 
@@ -176,6 +191,9 @@ class Model:
             params[f"{i}.mlp_norm"] = normal((c.d_model,), 0.1, 1.0)
             params[f"{i}.gate_up"] = normal((2 * c.ffn_dim, c.d_model), c.d_model ** -0.5)
             params[f"{i}.down"] = normal((c.d_model, c.ffn_dim), c.ffn_dim ** -0.5)
+        if c.q_gain != 1.0:
+            for i in range(c.n_layers):
+                params[f"{i}.qkv"][: c.n_heads * c.head_dim] *= c.q_gain
         params["final_norm"] = normal((c.d_model,), 0.1, 1.0)
         # head std 4/sqrt(d): logits have std ~4, decisive margins but real near-ties.
         params["head"] = normal((c.vocab, c.d_model), 4.0 * c.d_model ** -0.5)

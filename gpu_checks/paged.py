@@ -14,7 +14,12 @@ Attention is causal and **bottom-right aligned**: query ``j`` of a row with
 ``q_len`` queries and ``seq_len`` keys sees keys ``0 .. seq_len - q_len + j``.
 Two backends compute it: ``"loop"``, a per-row gather + einsum reference in
 fp32/fp64 (the shape of vLLM's ``ref_paged_attn`` test oracle), and ``"sdpa"``,
-a padded gather + one ``scaled_dot_product_attention`` call with a boolean mask.
+the engine's path, which splits the step as serving engines do: rows with
+several queries (prefill, recompute) go through one padded
+``scaled_dot_product_attention`` call with a boolean mask; one-query rows
+(decode) go through a hand-written split-KV kernel (FlashDecoding style):
+keys in partitions of ``SPLIT_KV_PARTITION``, a max-subtracted softmax per
+partition, partitions merged by log-sum-exp rescaling.
 """
 
 from __future__ import annotations
@@ -27,12 +32,16 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "ALIGNS", "BACKENDS", "Metadata", "RowSpec", "build_metadata",
+    "ALIGNS", "BACKENDS", "MERGES", "SOFTMAXES", "SPLIT_KV_PARTITION", "LOOP_SCORE_BUDGET", "Metadata", "RowSpec", "build_metadata",
     "KVCache", "BlockAllocator", "PoolExhausted", "PagedAttention", "paged_attention",
 ]
 
 BACKENDS = ("sdpa", "loop")
 ALIGNS = ("bottom_right", "top_left")
+MERGES = ("rescaled", "unscaled")      # "unscaled": the split_kv_merge_unscaled bug
+SOFTMAXES = ("stable", "naive")        # "naive": exp(scores) without the max subtracted (a bug)
+SPLIT_KV_PARTITION = 512               # keys per split-KV partition of the decode kernel
+LOOP_SCORE_BUDGET = 1 << 28           # the loop reference scores a row in query blocks of about this many elements
 _SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
 
@@ -163,26 +172,39 @@ class PagedAttention:
     layer's caches.  Row ``i`` reads its first ``seq_lens[i]`` logical slots
     through ``block_table[i]``; ``align="top_left"`` anchors the causal mask
     at the first key instead of the last (the pre-2.1 FlashAttention
-    convention).  A query that sees no key gets zeros or NaN (backend and
-    torch version dependent).  Output: ``[T, H, hd]`` in ``q.dtype``.
+    convention).  ``merge`` and ``softmax`` select faults of the split-KV
+    decode kernel (``"unscaled"``: partitions summed without rescaling to a
+    common max; ``"naive"``: ``exp(score)`` without subtracting the max, which
+    overflows once a score passes ~88.7 in float32/bfloat16).  A query that
+    sees no key gets zeros or NaN (backend and torch version dependent).
+    Output: ``[T, H, hd]`` in ``q.dtype``.
     """
 
-    def __init__(self, meta: Metadata, *, backend: str = "sdpa", align: str = "bottom_right") -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if align not in ALIGNS:
-            raise ValueError(f"align must be one of {ALIGNS}, got {align!r}")
-        self.meta, self.backend, self.align = meta, backend, align
+    def __init__(self, meta: Metadata, *, backend: str = "sdpa", align: str = "bottom_right",
+                 merge: str = "rescaled", softmax: str = "stable") -> None:
+        for name, value, allowed in (("backend", backend, BACKENDS), ("align", align, ALIGNS),
+                                     ("merge", merge, MERGES), ("softmax", softmax, SOFTMAXES)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        self.meta, self.backend, self.align, self.merge, self.softmax = meta, backend, align, merge, softmax
         if backend == "loop":
             self.rows = list(zip(meta.query_start_loc.tolist(), meta.query_start_loc[1:].tolist(),
                                  meta.seq_lens.tolist()))
         else:
-            self._plan_sdpa()
+            qsl = meta.query_start_loc.long()
+            q_lens = qsl[1:] - qsl[:-1]
+            self._plan_prefill((q_lens > 1).nonzero().squeeze(1))
+            self._plan_decode((q_lens == 1).nonzero().squeeze(1))
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if self.backend == "loop":
             return self._loop(q, k_cache, v_cache)
-        return self._sdpa(q, k_cache, v_cache)
+        out = q.new_zeros(self.meta.num_actual_tokens, *q.shape[1:])
+        if self.prefill_tokens.numel():
+            out[self.prefill_tokens] = self._prefill(q, k_cache, v_cache)
+        if self.decode_tokens.numel():
+            out[self.decode_tokens] = self._decode(q, k_cache, v_cache)
+        return out
 
     def _loop(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         bs, kv_heads, hd = k_cache.shape[1:]
@@ -192,35 +214,49 @@ class PagedAttention:
         for i, (qs, qe, kl) in enumerate(self.rows):
             ql = qe - qs
             blk = self.meta.block_table[i, : -(-kl // bs)].long()
-            k = k_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1)
-            v = v_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1)
-            s = torch.einsum("qhd,khd->hqk", q[qs:qe].to(acc), k.to(acc)) * hd ** -0.5
+            k = k_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1).to(acc)
+            v = v_cache[blk].reshape(-1, kv_heads, hd)[:kl].repeat_interleave(group, dim=1).to(acc)
             diagonal = kl - ql + 1 if self.align == "bottom_right" else 1
-            s.masked_fill_(torch.ones(ql, kl, dtype=torch.bool, device=q.device).triu(diagonal), float("-inf"))
-            out[qs:qe] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v.to(acc)).to(q.dtype)
+            masked = torch.ones(ql, kl, dtype=torch.bool, device=q.device).triu(diagonal)
+            block = max(1, LOOP_SCORE_BUDGET // max(1, q.shape[1] * kl))
+            for b in range(qs, qe, block):   # blocks of queries: the same rows, bounded memory
+                e = min(b + block, qe)
+                s = torch.einsum("qhd,khd->hqk", q[b:e].to(acc), k) * hd ** -0.5
+                s.masked_fill_(masked[b - qs:e - qs], float("-inf"))
+                out[b:e] = torch.einsum("hqk,khd->qhd", torch.softmax(s, dim=-1), v).to(q.dtype)
         return out
 
-    def _plan_sdpa(self) -> None:
+    def _gather_plan(self, rows: torch.Tensor, width: int) -> torch.Tensor:
+        """Cache slots ``[len(rows), width]`` of the first ``width`` logical slots of ``rows``."""
+        meta = self.meta
+        bs, table_width = meta.block_size, meta.block_table.shape[1]
+        kpos = torch.arange(width, device=meta.seq_lens.device)
+        pages = meta.block_table[rows].long().gather(
+            1, (kpos // bs).clamp(max=table_width - 1).expand(len(rows), -1))
+        return pages * bs + kpos % bs
+
+    def _plan_prefill(self, rows: torch.Tensor) -> None:
         meta = self.meta
         device = meta.seq_lens.device
-        bs = meta.block_size
-        qsl = meta.query_start_loc.long()
-        seq_lens = meta.seq_lens.long()
-        q_lens = qsl[1:] - qsl[:-1]
-        lq, lk = max(int(q_lens.max()), 1), max(int(seq_lens.max()), 1)
-        width = meta.block_table.shape[1]
+        qsl = meta.query_start_loc.long()[rows]
+        seq_lens = meta.seq_lens.long()[rows]
+        q_lens = meta.query_start_loc.long()[rows + 1] - qsl
+        self.prefill_tokens = torch.empty(0, dtype=torch.long, device=device)
+        if not len(rows):
+            return
+        lq, lk = int(q_lens.max()), max(int(seq_lens.max()), 1)
         kpos = torch.arange(lk, device=device)
-        pages = meta.block_table.long().gather(1, (kpos // bs).clamp(max=width - 1).expand(len(seq_lens), -1))
-        self.slots = pages * bs + kpos % bs                                      # [B, Lk]
+        self.slots = self._gather_plan(rows, lk)                                 # [B, Lk]
         j = torch.arange(lq, device=device)
         valid = j[None, :] < q_lens[:, None]                                     # [B, Lq]
-        self.tokens = (qsl[:-1, None] + j[None, :]).clamp(max=max(meta.num_actual_tokens - 1, 0))
+        self.tokens = (qsl[:, None] + j[None, :]).clamp(max=max(meta.num_actual_tokens - 1, 0))
         qpos = j[None, :] + ((seq_lens - q_lens)[:, None] if self.align == "bottom_right" else 0)
         mask = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < seq_lens[:, None, None])
         self.mask = mask[:, None]                                                # [B, 1, Lq, Lk]
         self.keep = valid.flatten().nonzero().squeeze(1)   # padding queries are computed, then dropped
+        self.prefill_tokens = self.tokens.flatten()[self.keep]
 
-    def _sdpa(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def _prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         kv_heads, hd = k_cache.shape[2:]
         k = k_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)    # [B, KV, Lk, hd]
         v = v_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)
@@ -233,8 +269,47 @@ class PagedAttention:
                                                  attn_mask=self.mask, scale=hd ** -0.5)
         return out.transpose(1, 2).flatten(0, 1)[self.keep]
 
+    def _plan_decode(self, rows: torch.Tensor) -> None:
+        meta = self.meta
+        self.decode_tokens = meta.query_start_loc.long()[rows]
+        if not len(rows):
+            return
+        seq_lens = meta.seq_lens.long()[rows]
+        lk = max(int(seq_lens.max()), 1)
+        self.partitions = -(-lk // SPLIT_KV_PARTITION)
+        width = lk if self.partitions == 1 else self.partitions * SPLIT_KV_PARTITION
+        self.decode_slots = self._gather_plan(rows, width)                       # [Bd, Lk]
+        kpos = torch.arange(width, device=seq_lens.device)
+        qpos = seq_lens - 1 if self.align == "bottom_right" else torch.zeros_like(seq_lens)
+        self.decode_mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_lens[:, None])
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        kv_heads, hd = k_cache.shape[2:]
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        n, heads = len(self.decode_tokens), q.shape[1]
+        parts = self.partitions
+        k = k_cache.reshape(-1, kv_heads, hd)[self.decode_slots].to(acc)      # [Bd, Lk, KV, hd]
+        v = v_cache.reshape(-1, kv_heads, hd)[self.decode_slots].to(acc)
+        qd = q[self.decode_tokens].to(acc).view(n, kv_heads, heads // kv_heads, hd)
+        s = torch.einsum("bkgd,blkd->bkgl", qd, k) * hd ** -0.5                # [Bd, KV, G, Lk]
+        s = s.masked_fill(~self.decode_mask[:, None, None, :], float("-inf"))
+        s = s.unflatten(-1, (parts, -1))                                       # [Bd, KV, G, P, Lk/P]
+        m = s.amax(-1, keepdim=True)                                           # -inf: partition sees no key
+        if self.softmax == "naive":
+            p = s.exp()
+        else:
+            p = (s - torch.where(torch.isfinite(m), m, torch.zeros_like(m))).exp()
+        o = torch.einsum("bkgpl,bplkd->bkgpd", p, v.unflatten(1, (parts, -1)))  # [Bd, KV, G, P, hd]
+        l = p.sum(-1, keepdim=True)                                            # [Bd, KV, G, P, 1]
+        if self.merge == "rescaled" and self.softmax == "stable":
+            w = (m - m.amax(-2, keepdim=True)).exp()     # exp(m_i - max_i m_i); 0 for empty partitions
+            o, l = o * w, l * w
+        out = o.sum(-2) / l.sum(-2)                                            # [Bd, KV, G, hd]
+        return out.reshape(n, heads, hd).to(q.dtype)
+
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Metadata, *,
-                    backend: str = "sdpa", align: str = "bottom_right") -> torch.Tensor:
+                    backend: str = "sdpa", align: str = "bottom_right", merge: str = "rescaled",
+                    softmax: str = "stable") -> torch.Tensor:
     """One-shot :class:`PagedAttention` (builds the plan and applies it to one layer)."""
-    return PagedAttention(meta, backend=backend, align=align)(q, k_cache, v_cache)
+    return PagedAttention(meta, backend=backend, align=align, merge=merge, softmax=softmax)(q, k_cache, v_cache)

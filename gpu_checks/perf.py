@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import platform
 import statistics
+import subprocess
 import time
 from typing import Any, Callable
 
@@ -33,7 +34,8 @@ DATASHEETS: tuple[tuple[str, float, float], ...] = (
 
 
 def environment(device: str) -> dict[str, Any]:
-    """Versions, device name and TF32 state (which decides fp32 matmul precision on CUDA)."""
+    """Versions (torch, CUDA, cuDNN, driver), device name and TF32 state (which decides fp32 matmul
+    precision on CUDA)."""
     env: dict[str, Any] = {
         "device": device,
         "torch": torch.__version__,
@@ -50,10 +52,23 @@ def environment(device: str) -> dict[str, Any]:
             "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
             "tf32_cudnn": torch.backends.cudnn.allow_tf32,
             "fp32_matmul_precision": getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+            "capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+            "cudnn": torch.backends.cudnn.version(),
+            "driver": _driver_version(),
         })
     else:
         env["device_name"] = platform.processor() or platform.machine()
     return env
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver version from ``nvidia-smi`` (torch does not expose it); None if unavailable."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.strip().splitlines()[0] if out.strip() else None
 
 
 def _median_seconds(fn: Callable[[], Any], device: str, iters: int, warmup: int) -> float:

@@ -8,7 +8,10 @@
   driven by the implementation under test instead.
 * :func:`alone_schedule` — every request alone, all its positions in one row.
 * Traces with lengths on and around page boundaries, and the scheduler
-  configs the suite uses with them (``SUITE_WORKLOADS``).
+  configs the suite uses with them (``SUITE_WORKLOADS``), including the
+  long-context ones: a 1,100-token prompt prefilled in 256-token chunks next
+  to short requests, decoding past 1,100 keys on 70+ pages, with and without
+  a preemption that recomputes 1,000+ rows.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Workload", "SUITE_WORKLOADS", "fcfs_schedule", "alone_schedule", "boundary_trace"]
+__all__ = ["Workload", "SUITE_WORKLOADS", "fcfs_schedule", "alone_schedule", "boundary_trace", "arrivals"]
 
 
 def alone_schedule(fed_lens: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -147,12 +150,22 @@ def boundary_trace(n_requests: int, block_size: int, chunk: int, max_len: int, s
              "output_tokens": max(1, length() // 2)} for k in range(n_requests)]
 
 
+def arrivals(rows: Iterable[tuple[int, str, int, int]]) -> list[dict[str, Any]]:
+    """Trace lines from ``(time, id, prompt_tokens, output_tokens)`` tuples."""
+    return [{"time": t, "event": "arrival", "id": rid, "prompt_tokens": p, "output_tokens": o}
+            for t, rid, p, o in rows]
+
+
 @dataclass(frozen=True)
 class Workload:
     """A trace plus the scheduler config(s) to run it under.
 
     ``config`` is passed as ``simulate(trace, **config)``; ``baseline``, when
     given, is a config of the same trace without preemption to compare with.
+    ``preset`` is the model the numerics run on.  :meth:`kit_reports` plans
+    the same trace with the kit's own FCFS planner (same budget, chunk,
+    active limit and page size; ``kit_preempt`` scripts its preemptions), for
+    implementations that do not support ``config``.
     """
 
     name: str
@@ -160,18 +173,33 @@ class Workload:
     config: dict[str, Any]
     baseline: dict[str, Any] | None = None
     notes: str = ""
+    preset: str = "tiny"
+    kit_preempt: tuple[tuple[str, int], ...] = ()
+
+    def kit_reports(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(report, baseline report or None) from :func:`fcfs_schedule`, with the config's block_size."""
+        plan = {k: self.config[k] for k in ("token_budget", "prefill_chunk", "max_active", "block_size")}
+        report = fcfs_schedule(self.trace, preempt=self.kit_preempt, **plan)
+        report["config"] = {"block_size": self.config["block_size"]}
+        baseline = None
+        if self.baseline is not None:
+            baseline = fcfs_schedule(self.trace, **plan)
+            baseline["config"] = {"block_size": self.config["block_size"]}
+        return report, baseline
 
 
 def _suite_workloads() -> dict[str, Workload]:
-    arrivals = [(0, "a", 23, 5), (0, "b", 9, 6), (1, "c", 16, 4), (2, "d", 17, 3), (3, "e", 7, 7), (4, "f", 33, 2)]
-    chunked = [{"time": t, "event": "arrival", "id": rid, "prompt_tokens": p, "output_tokens": o}
-               for t, rid, p, o in arrivals]
+    chunked = arrivals([(0, "a", 23, 5), (0, "b", 9, 6), (1, "c", 16, 4), (2, "d", 17, 3), (3, "e", 7, 7),
+                        (4, "f", 33, 2)])
     base = {"capacity": 64, "block_size": 8, "max_active": 4, "release_delay": 1, "policy": "continuous"}
-    pressure = [(0, "old", 12, 10), (0, "mid", 10, 10), (1, "new", 9, 12), (2, "late", 5, 6)]
-    preempt = [{"time": t, "event": "arrival", "id": rid, "prompt_tokens": p, "output_tokens": o}
-               for t, rid, p, o in pressure]
+    preempt = arrivals([(0, "old", 12, 10), (0, "mid", 10, 10), (1, "new", 9, 12), (2, "late", 5, 6)])
     small = {"block_size": 4, "token_budget": 8, "max_active": 4, "prefill_chunk": 4, "release_delay": 0,
              "policy": "continuous"}
+    long = arrivals([(0, "long", 1100, 40), (1, "s1", 20, 8), (2, "s2", 9, 12), (8, "late", 300, 6),
+                     (10, "s3", 33, 5)])
+    wide = {"block_size": 16, "token_budget": 288, "max_active": 4, "prefill_chunk": 256, "release_delay": 1,
+            "policy": "continuous"}
+    long_preempt = arrivals([(0, "old", 200, 120), (0, "long", 1100, 24)])
     return {
         "chunked": Workload(
             "chunked", chunked, {**base, "token_budget": 11, "prefill_chunk": 8},
@@ -179,9 +207,20 @@ def _suite_workloads() -> dict[str, Workload]:
                   "one before and one after 8-token page boundaries"),
         "preempt": Workload(
             "preempt", preempt, {**small, "capacity": 11, "admission": "optimistic"},
-            baseline={**small, "capacity": 40, "admission": "reserve"},
+            baseline={**small, "capacity": 40, "admission": "reserve"}, kit_preempt=(("new", 6), ("old", 13)),
             notes="optimistic admission on 11 pages of 4 tokens forces preemption and recompute; "
                   "the baseline reserves enough pages to never preempt"),
+        "long": Workload(
+            "long", long, {**wide, "capacity": 160}, preset="narrow",
+            notes="a 1,100-token prompt in 256-token chunks beside short prefills and decodes, then 39 decodes "
+                  "past 1,100 keys (split-KV partitions of 512) on 72 pages of 16, positions up to 1,138, "
+                  "while a 300-token prompt prefills beside them"),
+        "long-preempt": Workload(
+            "long-preempt", long_preempt, {**wide, "capacity": 84, "admission": "optimistic"},
+            baseline={**wide, "capacity": 160, "admission": "reserve"}, preset="narrow",
+            kit_preempt=(("long", 1104),),
+            notes="optimistic admission on 84 pages: the prompts fit (82 pages), the decodes do not, so the "
+                  "1,100-token request is preempted and recomputes 1,100+ rows"),
     }
 
 

@@ -7,6 +7,11 @@
     cbatch clauses                            the contract clause table
     cbatch impls                              installed implementations
     cbatch gpu [options]                      batched-vs-unbatched logits checks (needs torch)
+    cbatch expect --from-junit R.xml [-o F]   write an expected-failures file from a run's failures
+    cbatch grade SUBMISSIONS --out OUT        grade student submissions (Gradescope results.json, summary.csv)
+    cbatch serve [--port N] [--backend ...]   the embedded OpenAI-compatible server (needs the live extra)
+    cbatch load --concurrency 1 2 4 ...       load sweep with vLLM bench serve's metrics (live extra)
+    cbatch invariance --max-batch N           batch-invariance sweep over HTTP (live extra)
 
 ``cbatch check`` exits 0 only when every clause holds, 1 when one is violated,
 and 2 on bad input (unreadable files, invalid trace, unknown SPEC).
@@ -38,6 +43,8 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trace", metavar="JSONL", help="the workload (default: the built-in demo trace)")
     parser.add_argument("--clause", action="append", metavar="ID", help="check only these clauses (repeatable)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per run of an exec: implementation")
+    parser.add_argument("--tick-seconds", type=float, default=0.05,
+                        help="seconds per trace tick against an http:// live server (default 0.05)")
     for name in ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, metavar="N",
                             help=f"default {DEFAULT_CONFIG[name]} (with --report: the report's own config)")
@@ -47,11 +54,10 @@ def _check_parser() -> argparse.ArgumentParser:
 
 
 def _check(argv: list[str]) -> int:
-    from .contract import CLAUSES, check_report, clause_ids
+    from .contract import CLAUSES, check_report, clause_ids, unobservable
     from .explain import timeline
     from .impls import ImplementationError, resolve_impl
-    from .reference.scheduler_sim import demo_trace
-    from .reference.trace_format import load_trace, validate_trace
+    from .reference.scheduler_sim import demo_trace, load_trace, validate_trace
     from .runner import ALL_CLAUSES, Judge
     from .workloads import BASE_CONFIG
 
@@ -65,14 +71,25 @@ def _check(argv: list[str]) -> int:
     try:
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
         if args.report:
-            with open(args.report, encoding="utf-8") as fh:
-                report = json.load(fh)
+            try:
+                with open(args.report, encoding="utf-8") as fh:
+                    report = json.load(fh)
+            except ValueError as exc:  # invalid JSON or not UTF-8
+                raise ValueError(f"{args.report}: not a JSON report: {exc}") from None
             if not isinstance(report, dict):
                 raise ValueError(f"{args.report}: a report is a JSON object, got {type(report).__name__}")
             violations = check_report(report, trace, given, clauses=wanted)
-            checked = [c for c in (wanted or clause_ids()) if c in CLAUSES]
+            checked = []
+            for cid in wanted or clause_ids():
+                if cid not in CLAUSES:
+                    continue
+                hidden = unobservable(cid, report)
+                if hidden:
+                    print(f"skip  {cid}: {hidden}")
+                else:
+                    checked.append(cid)
         else:
-            impl = resolve_impl(args.impl, timeout=args.timeout)
+            impl = resolve_impl(args.impl, timeout=args.timeout, tick_seconds=args.tick_seconds)
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)
             violations, checked, report = [], [], None
@@ -149,8 +166,55 @@ def _gpu(argv: list[str]) -> int:
     return gpu_main(argv)
 
 
+def _grade(argv: list[str]) -> int:
+    from .grading.driver import main as grade_main
+
+    return grade_main(argv)
+
+
+def _expect(argv: list[str]) -> int:
+    from .expect import ExpectError, entries_from_junit, render_toml
+
+    parser = argparse.ArgumentParser(prog="cbatch expect",
+                                     description="Write an expected-failures file (--cbatch-expect) from a run.")
+    parser.add_argument("--from-junit", metavar="XML", required=True,
+                        help="JUnit XML of a pytest --cbatch-impl run (pytest --junitxml=...)")
+    parser.add_argument("-o", "--output", metavar="TOML", help="write here instead of stdout")
+    parser.add_argument("--strict", action="store_true", help="write strict = true into the file")
+    args = parser.parse_args(argv)
+    try:
+        entries = entries_from_junit(args.from_junit)
+    except ExpectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = render_toml(entries, source=args.from_junit, strict=args.strict)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"{len(entries)} expected failure(s) -> {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _live(name: str) -> Any:
+    """A live-server command, imported only when used (a missing extra is one clear error)."""
+
+    def run(argv: list[str]) -> int:
+        try:
+            from .live import cli as live_cli
+        except ImportError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return getattr(live_cli, f"{name}_main")(argv)
+
+    return run
+
+
 COMMANDS: dict[str, Any] = {
     "simulate": _simulate, "check": _check, "schema": _schema, "clauses": _clauses, "impls": _impls, "gpu": _gpu,
+    "grade": _grade, "expect": _expect,
+    "serve": _live("serve"), "load": _live("load"), "invariance": _live("invariance"),
 }
 
 

@@ -204,11 +204,21 @@ def available_impls() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None) -> Implementation:
-    """Turn a SPEC string into an Implementation; ImplementationError says why not."""
+def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None,
+                 tick_seconds: float = 0.05) -> Implementation:
+    """Turn a SPEC string into an Implementation; ImplementationError says why not.
+
+    ``http://`` and ``https://`` SPECs are live servers (``pytest_cbatch.live.replay``, needs the
+    ``live`` extra); ``tick_seconds`` is how long one trace tick lasts there and ``timeout``
+    bounds each request.
+    """
     spec = spec.strip()
     if not spec:
         raise ImplementationError("--cbatch-impl is empty")
+    if spec.startswith(("http://", "https://")):
+        from .live.replay import HttpImplementation
+
+        return HttpImplementation(spec, tick_seconds=tick_seconds, timeout=timeout)
     if spec.startswith("exec:"):
         return ExecImplementation(spec, spec[len("exec:"):], timeout)
     if ":" in spec:

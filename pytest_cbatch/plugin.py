@@ -33,17 +33,27 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "dev (random, remembers failures), thorough (10x examples) (ini: cbatch_profile)")
     group.addoption("--cbatch-timeout", type=float, default=None, metavar="SECONDS",
                     help="time limit per run of an exec: implementation, default 60 (ini: cbatch_timeout)")
+    group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
+                    help="how long one trace tick lasts against an http:// live server, default 0.05 "
+                         "(ini: cbatch_tick_seconds)")
     group.addoption("--cbatch-artifacts", metavar="DIR", default=None,
                     help="where failing traces are written for replay, default .cbatch-failures "
                          "(ini: cbatch_artifacts)")
+    group.addoption("--cbatch-isolate", action="store_true", default=False,
+                    help="run the implementation only in a sandbox child process (limits, scrubbed environment; "
+                         "--cbatch-timeout is the limit per call)")
     group.addoption("--cbatch-suite", choices=("auto", "off"), default=None,
                     help="auto: with no paths given, run the shipped suite (default); off: never redirect "
                          "collection (ini: cbatch_suite)")
     parser.addini("cbatch_impl", "implementation under test (see --cbatch-impl)", default=None)
     parser.addini("cbatch_profile", "hypothesis profile: ci, dev or thorough", default="ci")
     parser.addini("cbatch_timeout", "seconds per run of an exec: implementation", default="60")
+    parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+    from .expect import add_options as add_expect_options
+
+    add_expect_options(group, parser)
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -88,7 +98,19 @@ def pytest_configure(config: pytest.Config) -> None:
     if profile not in PROFILES:
         raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     try:
-        impl = resolve_impl(spec, timeout=timeout, rootdir=str(config.invocation_params.dir))
+        tick_seconds = float(_setting(config, "tick_seconds"))
+    except ValueError:
+        raise pytest.UsageError(f"cbatch_tick_seconds must be a number of seconds, got "
+                                f"{_setting(config, 'tick_seconds')!r}") from None
+    try:
+        if config.getoption("cbatch_isolate"):
+            from .sandbox import IsolatedImplementation, Limits, load_spec_for
+
+            rootdir = str(config.invocation_params.dir)
+            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), Limits(call_seconds=timeout))
+        else:
+            impl = resolve_impl(spec, timeout=timeout, rootdir=str(config.invocation_params.dir),
+                                tick_seconds=tick_seconds)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
     hypothesis_profile = _load_hypothesis_profile(config, profile)
@@ -102,6 +124,9 @@ def pytest_configure(config: pytest.Config) -> None:
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected)
     config.stash[_STATE] = state
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
+    from .expect import configure as configure_expectations
+
+    configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
 
 
 def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:

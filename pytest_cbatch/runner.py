@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report
+from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report, unobservable
 from .impls import Implementation, RunOutcome
 
 __all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES"]
@@ -31,6 +31,7 @@ class ClauseResult:
     violations: list[Violation] = field(default_factory=list)
     reason: str = ""                 # why skipped
     report: dict[str, Any] | None = None
+    unobservable: bool = False       # skipped because the report cannot show what the clause needs
 
 
 @dataclass
@@ -83,6 +84,12 @@ class Judge:
         if not run.schema_ok and clause != "schema_valid":
             return ClauseResult(clause, "skip", reason="the report fails schema_valid, so this clause was not checked",
                                 report=report)
+        hidden = unobservable(clause, report)
+        if hidden is None and clause == "deterministic" and report.get("time_unit") == "seconds":
+            hidden = ("not observable from this report: a live server's timings differ between runs, so "
+                      "determinism is judged on engine reports only")
+        if hidden:
+            return ClauseResult(clause, "skip", reason=hidden, report=report, unobservable=True)
         if clause == "deterministic":
             again = self.impl.run(trace, config)
             diff = first_difference(report, again.report)

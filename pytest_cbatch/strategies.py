@@ -9,7 +9,7 @@
         report = my_engine.simulate(trace, **config)
         ...
 
-Every trace drawn here is valid (see ``reference/trace_format.py``); configs
+Every trace drawn here is valid (see ``reference/scheduler_sim.py``); configs
 use only the seven base settings unless ``admission`` is asked for.  Shrinking
 goes toward fewer, shorter requests, earlier times and fewer cancels.
 """

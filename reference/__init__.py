@@ -2,11 +2,11 @@
 
 Installed as ``pytest_cbatch.reference``; this package is the built-in
 implementation ``--cbatch-impl=reference``: the scheduler's ``simulate`` and
-the lifecycle parts ``PagedKV``, ``RecomputeRequest`` and ``TransferManager``.
+the lifecycle parts ``PagedKV`` (from ``scheduler_sim``), ``RecomputeRequest``
+and ``TransferManager`` (from ``scheduler_faults``).
 """
 
-from .paged_kv import PagedKV
 from .scheduler_faults import RecomputeRequest, TransferManager
-from .scheduler_sim import simulate
+from .scheduler_sim import PagedKV, simulate
 
 __all__ = ["PagedKV", "RecomputeRequest", "TransferManager", "simulate"]

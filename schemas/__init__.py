@@ -1,8 +1,9 @@
 """JSON Schemas of the pytest-cbatch contract, shipped as package data, and validation against them.
 
-Three draft 2020-12 schemas ship beside this module: ``trace-line`` (one line
-of a JSONL workload), ``report`` (a scheduler run's report) and
-``faults-report`` (the lifecycle model's report).  They fix structure and
+Four draft 2020-12 schemas ship beside this module: ``trace-line`` (one line
+of a JSONL workload), ``report`` (a scheduler run's report),
+``faults-report`` (the lifecycle model's report) and ``gradescope-results``
+(the results.json ``cbatch grade`` writes).  They fix structure and
 types only; semantic rules (headroom never negative, budgets respected, counts
 that agree with the events) belong to the contract checker.
 
@@ -36,7 +37,7 @@ __all__ = [
     "validator_backend",
 ]
 
-SCHEMA_NAMES: tuple[str, ...] = ("trace-line", "report", "faults-report")
+SCHEMA_NAMES: tuple[str, ...] = ("trace-line", "report", "faults-report", "gradescope-results")
 
 _RS = "jsonschema-rs"
 _PY = "jsonschema"

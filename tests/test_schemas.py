@@ -14,7 +14,7 @@ import pytest
 from pytest_cbatch import schemas
 from pytest_cbatch.reference.scheduler_faults import demo as faults_demo
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate
-from pytest_cbatch.reference.trace_format import TRACE_FIELDS, validate_trace
+from pytest_cbatch.reference.scheduler_sim import TRACE_FIELDS, validate_trace
 from pytest_cbatch.schemas import (
     SCHEMA_NAMES,
     SchemaIssue,

@@ -5,9 +5,20 @@ dispatch rows (with their chunking, row order, preemptions and recompute rows)
 are executed on the kit's seeded Llama-style model with a paged KV cache, and
 every fed position's logits are compared with the model run on each request
 alone.  Ids read ``test_numerics[<check>-<dtype>-<workload>]``.  float64 and
-float32 run on CPU with the tiny preset (seconds); bfloat16 cases are marked
-``gpu`` and run only where CUDA is available.  Checks, metrics and tolerances:
-``gpu_checks/README.md`` in the source tree.
+float32 run on CPU (seconds); bfloat16 cases are marked ``gpu`` and run only
+where CUDA is available.
+
+The long-context workloads (``long``, ``long-preempt``: a 1,100-token prompt
+in 256-token chunks, decodes past 1,100 keys on 70+ pages) run on a narrow
+model; where the implementation does not support their config, the kit's own
+FCFS schedule of the same trace runs instead (property ``cbatch_schedule``
+says which).  ``large_scores`` runs the ``long`` schedule on the same model
+with queries scaled so attention scores pass the float32 overflow range of a
+naive ``exp``.  ``test_attention_kernels`` checks the attention kernels on
+long ragged rows once per run (they do not depend on the implementation).
+A report that fails ``schema_valid`` is not executed: its tests skip and
+point at that clause.  Checks, metrics and tolerances: ``gpu_checks/README.md``
+in the source tree.
 """
 
 from __future__ import annotations
@@ -18,37 +29,61 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="gpu_checks need torch: pip install 'pytest-cbatch[gpu]'")
 
+from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, run_attention_parity  # noqa: E402
 from pytest_cbatch.gpu_checks.checks import (  # noqa: E402  (after the torch skip)
     SCHEDULE_CHECKS, CheckResult, run_invariance_checks, run_preemption_check, run_schedule_checks,
 )
 from pytest_cbatch.gpu_checks.engine import ScheduleError  # noqa: E402
-from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS  # noqa: E402
+from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, Workload  # noqa: E402
 from pytest_cbatch.reference.scheduler_sim import demo_trace  # noqa: E402
+from pytest_cbatch.schemas import schema_issues  # noqa: E402
 from pytest_cbatch.workloads import BASE_CONFIG  # noqa: E402
 
-WORKLOADS: dict[str, tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any] | None]] = {
-    "demo": (demo_trace(), dict(BASE_CONFIG), None),
-    **{name: (w.trace, w.config, w.baseline) for name, w in SUITE_WORKLOADS.items()},
+WORKLOADS: dict[str, Workload] = {"demo": Workload("demo", demo_trace(), dict(BASE_CONFIG)), **SUITE_WORKLOADS}
+CHECKS: dict[str, tuple[str, ...]] = {
+    "demo": SCHEDULE_CHECKS,
+    "chunked": SCHEDULE_CHECKS + ("batch_invariance", "negative_control"),
+    "preempt": SCHEDULE_CHECKS + ("preemption_vs_none",),
+    "long": ("batched_vs_alone", "backend_parity", "chunked_vs_whole", "page_reuse", "large_scores"),
+    "long-preempt": ("batched_vs_alone", "preemption_vs_none"),
 }
-EXTRA_CHECKS = {"chunked": ("batch_invariance", "negative_control"), "preempt": ("preemption_vs_none",)}
+KIT_FALLBACK = ("long", "long-preempt")   # unsupported config: run the kit's own schedule of the trace
+HOT_PRESET = {"narrow": "narrow-hot"}     # the q_gain twin of a preset, for large_scores
 _GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 numerics need CUDA")]
+_DTYPES = ("float64", "float32", "bfloat16")
 CASES = [
-    pytest.param(check, dtype, workload, id=f"{check}-{dtype}-{workload}",
-                 marks=_GPU if dtype == "bfloat16" else ())
-    for dtype in ("float64", "float32", "bfloat16")
-    for workload in WORKLOADS
-    for check in SCHEDULE_CHECKS + EXTRA_CHECKS.get(workload, ())
+    pytest.param(check, dtype, workload, id=f"{check}-{dtype}-{workload}", marks=_GPU if dtype == "bfloat16" else ())
+    for dtype in _DTYPES for workload in WORKLOADS for check in CHECKS[workload]
+]
+KERNEL_CASES = [
+    pytest.param(check, dtype, id=f"{check}-{dtype}", marks=_GPU if dtype == "bfloat16" else ())
+    for dtype in _DTYPES for check in ("attention_parity", "attention_large_scores")
 ]
 
 
-def _report(impl: Any, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
-    outcome = impl.run(trace, config)
-    if outcome.unsupported:
-        pytest.skip(outcome.unsupported)
-    if outcome.report is None:
-        pytest.fail(f"{impl.spec} produced no report for {config}: {outcome.refused or outcome.broken}",
-                    pytrace=False)
-    return outcome.report
+class _Schedules:
+    """The reports a workload runs on: the implementation's, or the kit's where it has none."""
+
+    def __init__(self, impl: Any) -> None:
+        self.impl = impl
+
+    def report(self, workload: Workload, config: dict[str, Any], kit: dict[str, Any] | None) -> tuple[dict, str]:
+        """(report, source): ``source`` is ``"implementation"`` or ``"kit (<why>)"``."""
+        outcome = self.impl.run(workload.trace, config)
+        if outcome.unsupported:
+            if kit is None or workload.name not in KIT_FALLBACK:
+                pytest.skip(outcome.unsupported)
+            return kit, f"kit ({outcome.unsupported})"
+        if outcome.report is None:
+            pytest.fail(f"[completes] {self.impl.spec} produced no report for workload {workload.name!r} under "
+                        f"{config}: {outcome.refused or outcome.broken}\n"
+                        f"replay: pytest --cbatch-impl={self.impl.spec} -k completes", pytrace=False)
+        issues = schema_issues(outcome.report, "report", limit=3)
+        if issues:
+            pytest.skip(f"[schema_valid] the report of workload {workload.name!r} fails schema_valid "
+                        f"({'; '.join(map(str, issues))}), so its numerics were not checked; "
+                        f"replay: pytest --cbatch-impl={self.impl.spec} -k schema_valid")
+        return outcome.report, "implementation"
 
 
 class _Numerics:
@@ -56,32 +91,42 @@ class _Numerics:
 
     def __init__(self, impl: Any) -> None:
         self.impl = impl
-        self.cache: dict[tuple[str, str], dict[str, CheckResult]] = {}
+        self.schedules = _Schedules(impl)
+        self.cache: dict[tuple[str, str], tuple[dict[str, CheckResult], str]] = {}
 
-    def results(self, workload: str, dtype: str) -> dict[str, CheckResult]:
-        key = (workload, dtype)
+    def results(self, name: str, dtype: str) -> tuple[dict[str, CheckResult], str]:
+        """(results by check name, schedule source) of ``name`` in ``dtype``."""
+        key = (name, dtype)
         if key not in self.cache:
-            trace, config, baseline = WORKLOADS[workload]
-            report = _report(self.impl, trace, config)
-            common = {"dtype": dtype, "device": "cuda" if dtype == "bfloat16" else "cpu", "preset": "tiny",
-                      "block_size": config["block_size"], "workload": workload}
+            w = WORKLOADS[name]
+            kit, kit_baseline = w.kit_reports() if name in KIT_FALLBACK else (None, None)
+            report, source = self.schedules.report(w, w.config, kit)
+            common = {"dtype": dtype, "device": "cuda" if dtype == "bfloat16" else "cpu",
+                      "block_size": w.config["block_size"], "workload": name}
+            checks = CHECKS[name]
             try:
-                out = run_schedule_checks(trace, report, **common)
-                if "batch_invariance" in EXTRA_CHECKS.get(workload, ()):
-                    out += run_invariance_checks(trace, report, **common)
-                if baseline is not None:
-                    out.append(run_preemption_check(trace, report, _report(self.impl, trace, baseline), **common))
+                out = run_schedule_checks(w.trace, report, preset=w.preset, **common,
+                                          checks=[c for c in checks if c in SCHEDULE_CHECKS])
+                if "large_scores" in checks:
+                    out += run_schedule_checks(w.trace, report, preset=HOT_PRESET[w.preset], checks=("large_scores",),
+                                               **common)
+                if "batch_invariance" in checks:
+                    out += run_invariance_checks(w.trace, report, preset=w.preset, **common)
+                if w.baseline is not None:
+                    baseline, _ = self.schedules.report(w, w.baseline, kit_baseline)
+                    out.append(run_preemption_check(w.trace, report, baseline, preset=w.preset, **common))
             except ScheduleError as exc:
-                pytest.fail(f"{self.impl.spec}: the {workload} report cannot be executed on token streams: {exc}",
+                pytest.fail(f"{self.impl.spec}: the {name} report ({source} schedule) cannot be executed on token "
+                            f"streams: {exc}\nreplay: pytest --cbatch-impl={self.impl.spec} -k {name!r}",
                             pytrace=False)
-            self.cache[key] = {r.name: r for r in out}
+            self.cache[key] = ({r.name: r for r in out}, source)
         return self.cache[key]
 
 
 @pytest.fixture(scope="module")
 def numerics(cbatch_impl: Any) -> Iterator[_Numerics]:
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the tiny model is latency-bound; more threads only contend
+    torch.set_num_threads(1)  # the small models are latency-bound; more threads only contend
     yield _Numerics(cbatch_impl)
     torch.set_num_threads(threads)
 
@@ -89,10 +134,24 @@ def numerics(cbatch_impl: Any) -> Iterator[_Numerics]:
 @pytest.mark.parametrize("check,dtype,workload", CASES)
 def test_numerics(check: str, dtype: str, workload: str, numerics: _Numerics, request: pytest.FixtureRequest) -> None:
     request.node.user_properties += [("cbatch_clause", f"numerics.{check}"), ("cbatch_workload", workload)]
-    result = numerics.results(workload, dtype)[check]
+    results, source = numerics.results(workload, dtype)
+    request.node.user_properties.append(("cbatch_schedule", source))
+    result = results[check]
     if result.skipped:
         pytest.skip(result.summary())
     if check == "negative_control" and not result.details["bitwise_differs"] and len(result.failures) == 1:
         pytest.skip(f"{result.summary()} (this schedule cannot show batch variance, so bitwise checks prove little)")
     if not result.passed:
-        pytest.fail(result.summary(), pytrace=False)
+        pytest.fail(f"[numerics.{check}] {result.summary()} ({source} schedule)\n"
+                    f"replay: pytest --cbatch-impl={numerics.impl.spec} -k '{check}-{dtype}-{workload}'", pytrace=False)
+
+
+@pytest.mark.parametrize("check,dtype", KERNEL_CASES)
+def test_attention_kernels(check: str, dtype: str, request: pytest.FixtureRequest) -> None:
+    """The engine's attention (SDPA prefill, split-KV decode) on long ragged rows (up to 2,011 keys)."""
+    request.node.user_properties += [("cbatch_clause", f"numerics.{check}"), ("cbatch_workload", "ragged")]
+    gain = LARGE_SCORE_GAIN if check == "attention_large_scores" else 1.0
+    result = run_attention_parity(dtype, device="cuda" if dtype == "bfloat16" else "cpu", q_gain=gain)
+    if not result.passed:
+        pytest.fail(f"[numerics.{check}] {result.summary()}\n"
+                    f"replay: python -m pytest_cbatch.gpu_checks --dtype {dtype}", pytrace=False)

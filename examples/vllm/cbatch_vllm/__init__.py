@@ -1,0 +1,1 @@
+"""pytest-cbatch adapter for vLLM V1 scheduler."""

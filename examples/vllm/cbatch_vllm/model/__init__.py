@@ -1,0 +1,1 @@
+"""Tiny llama config.json: enough for vLLM ModelConfig, no weights."""

@@ -1,0 +1,270 @@
+"""The contract's building blocks: violations, the clause registry and the report index.
+
+Every clause is registered with ``@clause(id, statement, why, needs=...)``
+right above its check in one of the family modules (``requests``, ``rows``,
+``pages``), so a clause id leads to its statement and its code in one place.
+``needs`` names the event kinds a clause must observe; a report that declares
+what it can observe (a client-side report of a live server lists them in
+``observed``) skips the clauses it cannot judge, with that reason.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+__all__ = [
+    "CLAUSES", "RUNNER_CLAUSES", "Clause", "ReportIndex", "Violation", "EVENT_KINDS", "TERMINAL",
+    "clause", "required_blocks", "short",
+]
+
+TERMINAL = ("finished", "cancelled", "rejected")
+EVENT_KINDS = frozenset({
+    "arrival", "admit", "admission_blocked", "rejected", "cancelled", "cancel_ignored", "snapshot",
+    "dispatch", "token", "finished", "release", "preempted",
+})
+CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One broken clause at one place: which request, which event, what was expected."""
+
+    clause: str
+    message: str
+    request: str | None = None
+    event_index: int | None = None
+    time: float | None = None
+
+    def __str__(self) -> str:
+        where = []
+        if self.request is not None:
+            where.append(f"request {self.request!r}")
+        if self.event_index is not None:
+            where.append(f"event #{self.event_index}")
+        if self.time is not None:
+            where.append(f"t={self.time}")
+        place = f" ({', '.join(where)})" if where else ""
+        return f"[{self.clause}]{place} {self.message}"
+
+
+@dataclass(frozen=True)
+class Clause:
+    """A contract clause: stable id, one-sentence statement, why it matters, what it must observe."""
+
+    id: str
+    statement: str
+    why: str
+    check: Callable[["ReportIndex"], Iterator[Violation]] | None = field(default=None, compare=False, repr=False)
+    needs: frozenset[str] = frozenset()
+
+
+CLAUSES: dict[str, Clause] = {
+    # Checked first, by check_report, as the gate for every other clause.
+    "schema_valid": Clause(
+        "schema_valid", "The report validates against schemas/report.schema.json.",
+        "Tools that read reports (dashboards, graders, this checker) rely on the field names and types."),
+}
+
+
+def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = ()) -> Callable:
+    """Register a report clause; the decorated generator yields its violations."""
+
+    def register(fn: Callable[["ReportIndex"], Iterator[Violation]]) -> Callable:
+        if cid in CLAUSES:
+            raise ValueError(f"clause {cid!r} registered twice")
+        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs))
+        return fn
+
+    return register
+
+
+RUNNER_CLAUSES: dict[str, Clause] = {
+    c.id: c
+    for c in (
+        Clause("deterministic", "The same trace and config give an identical report twice (engine reports; a live "
+                                "server's timings are not expected to repeat).",
+               "Verdicts and grades must be reproducible; a replayed failure must fail again."),
+        Clause("input_not_mutated", "The implementation does not mutate the trace or config it is given.",
+               "Callers reuse their workload objects; a scheduler that edits them corrupts later runs."),
+        Clause("invalid_input_refused",
+               "Invalid traces and configs are refused (an exception, or a non-zero exit) and produce no report.",
+               "Garbage in must not become a plausible-looking report (booleans as integers, unknown fields, "
+               "duplicate ids, cancels of unknown requests, non-positive lengths or settings)."),
+    )
+}
+
+
+def required_blocks(prompt: int, output: int, block_size: int) -> int:
+    """Pages a request needs at its largest: the last sampled token is never fed back."""
+    return -(-(prompt + output - 1) // block_size)
+
+
+def short(values: Sequence[Any], limit: int = 12) -> str:
+    """A list cut to ``limit`` items for a message."""
+    text = ", ".join(map(str, values[:limit]))
+    return f"[{text}{', ...' if len(values) > limit else ''}]"
+
+
+class ReportIndex:
+    """A report cross-referenced with its trace, built in one pass over the events.
+
+    ``seq[id]`` lists, in event order, ``(event_index, kind, payload)`` for every
+    event naming the request; dispatch rows appear as kind ``"row"`` with the
+    work item as payload.  Nothing here judges the report; the clauses do.
+    """
+
+    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
+        self.report = report
+        self.events: list[dict[str, Any]] = report["events"]
+        self.asked = dict(config)
+        self.cfg: dict[str, Any] = dict(report["config"])
+        self.bs: int = self.cfg.get("block_size", 1)   # a client-side report may not know the pool
+        self.capacity: int = self.cfg.get("capacity", 0)
+        observed = report.get("observed")
+        self.observed: frozenset[str] | None = None if observed is None else frozenset(observed)
+        self.seconds = report.get("time_unit") == "seconds"
+        tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
+        self.tick: float = tick
+        self.slack: float = max(1.0, 20 * tick) if self.seconds else 0
+        self.arrivals: dict[str, dict[str, Any]] = {}
+        self.cancels: dict[str, list[int]] = {}
+        for line in trace:
+            if line["event"] == "arrival":
+                self.arrivals[line["id"]] = line
+            else:
+                self.cancels.setdefault(line["id"], []).append(line["time"])
+        for times in self.cancels.values():
+            times.sort()  # a trace's file order is free; answers come in time order
+        self.seq: dict[str, list[tuple[int, str, Any]]] = {rid: [] for rid in self.arrivals}
+        self.unknown: dict[str, int] = {}
+        self._terminal: dict[str, tuple[int, str] | None] = {}
+        self._tokens: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self.dispatches: list[int] = []
+        self.snapshots: list[int] = []
+        seq = self.seq
+        for i, ev in enumerate(self.events):
+            kind = ev["event"]
+            if kind == "dispatch":
+                self.dispatches.append(i)
+                for row in ev["work"]:
+                    self._add(row["id"], i, "row", row)
+            elif kind == "snapshot":
+                self.snapshots.append(i)
+            elif kind.startswith("x-"):
+                continue
+            else:
+                rid = ev["id"]
+                target = seq.get(rid)
+                if target is None:
+                    self.unknown.setdefault(rid, i)
+                else:
+                    target.append((i, kind, ev))
+
+    def _add(self, rid: str, i: int, kind: str, payload: Any) -> None:
+        target = self.seq.get(rid)
+        if target is None:
+            self.unknown.setdefault(rid, i)
+        else:
+            target.append((i, kind, payload))
+
+    def observes(self, needs: frozenset[str]) -> bool:
+        """Whether this report records every event kind in ``needs``."""
+        if self.observed is None:
+            return not needs - EVENT_KINDS
+        return needs <= self.observed
+
+    def unobserved(self, needs: frozenset[str]) -> list[str]:
+        """The kinds of ``needs`` this report does not record."""
+        if self.observed is None:
+            return sorted(needs - EVENT_KINDS)
+        return sorted(needs - self.observed)
+
+    def time(self, i: int) -> float:
+        return self.events[i]["time"]
+
+    def on_time(self, event_time: float, trace_time: int) -> bool:
+        """Whether an event answering a trace line at ``trace_time`` happened at that moment.
+
+        Engine reports: exactly at that tick.  Client-side reports: not before
+        the scheduled moment and within the replay's slack after it.
+        """
+        if not self.seconds:
+            return event_time == trace_time
+        due = trace_time * self.tick
+        return due - 1e-9 <= event_time <= due + self.slack
+
+    def when(self, trace_time: int) -> str:
+        return f"t={trace_time}" if not self.seconds else f"t={trace_time * self.tick:g}s (+{self.slack:g}s slack)"
+
+    def arrived_at(self, rid: str) -> float:
+        """The time of the request's arrival event (its trace time when it has none)."""
+        for i, kind, _ in self.seq[rid]:
+            if kind == "arrival":
+                return self.time(i)
+        return self.arrivals[rid]["time"]
+
+    def violation(self, cid: str, message: str, rid: str | None = None, i: int | None = None) -> Violation:
+        return Violation(cid, message, rid, i, None if i is None else self.events[i]["time"])
+
+    def terminal(self, rid: str) -> tuple[int, str] | None:
+        """(event index, kind) of the request's first terminal event, if any."""
+        if rid not in self._terminal:
+            self._terminal[rid] = next(((i, kind) for i, kind, _ in self.seq[rid] if kind in TERMINAL), None)
+        return self._terminal[rid]
+
+    def tokens(self, rid: str) -> list[tuple[int, dict[str, Any]]]:
+        """(event index, event) of the request's token events, in order."""
+        if rid not in self._tokens:
+            self._tokens[rid] = [(i, ev) for i, kind, ev in self.seq[rid] if kind == "token"]
+        return self._tokens[rid]
+
+    def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+        """(id, trace arrival line, requests-table row) for each trace request the table has."""
+        table = self.report["requests"]
+        for rid, line in self.arrivals.items():
+            row = table.get(rid)
+            if row is not None:
+                yield rid, line, row
+
+    def max_active(self) -> int:
+        return 1 if self.cfg["policy"] == "serial" else self.cfg["max_active"]
+
+
+class Replay:
+    """Each request's state (queued, active, draining, ended, released) and the rows it
+    fed in its current incarnation, advanced one event at a time.  ``members[state]``
+    is the set of ids in each state, kept up to date so lookups stay cheap."""
+
+    STATES = ("queued", "active", "draining", "ended", "released")
+
+    def __init__(self) -> None:
+        self.state: dict[str, str] = {}
+        self.fed: dict[str, int] = {}
+        self.members: dict[str, set[str]] = {s: set() for s in self.STATES}
+
+    def _set(self, rid: str, state: str) -> None:
+        old = self.state.get(rid)
+        if old is not None:
+            self.members[old].discard(rid)
+        self.state[rid] = state
+        self.members[state].add(rid)
+
+    def advance(self, ev: Mapping[str, Any]) -> None:
+        kind = ev["event"]
+        if kind == "dispatch":
+            for row in ev["work"]:
+                self.fed[row["id"]] = self.fed.get(row["id"], 0) + row["input_tokens"]
+        elif kind == "arrival":
+            self._set(ev["id"], "queued")
+        elif kind == "admit":
+            self._set(ev["id"], "active")
+        elif kind == "preempted":
+            self._set(ev["id"], "queued")
+            self.fed[ev["id"]] = 0
+        elif kind == "rejected":
+            self._set(ev["id"], "released")
+        elif kind in ("finished", "cancelled"):
+            self._set(ev["id"], "draining" if self.state.get(ev["id"]) == "active" else "ended")
+        elif kind == "release":
+            self._set(ev["id"], "released")

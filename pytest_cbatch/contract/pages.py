@@ -1,0 +1,275 @@
+"""Clauses about the KV pool: snapshots, block tables, releases and the final drain.
+
+A correct scheduler may allocate a dispatch's pages before its snapshot
+(engine style) or while the dispatch runs (the course's simulator), hand out
+page ids in any order, and snapshot every tick or only before dispatches; the
+clauses below hold for all of these.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Mapping
+
+from .core import TERMINAL, ReportIndex, Replay, Violation, clause, required_blocks, short
+
+
+def _snapshot_walk(ix: ReportIndex) -> Iterator[tuple[int, dict[str, Any], Replay]]:
+    """Yield (index, snapshot, replay as of that snapshot) for each snapshot."""
+    replay = Replay()
+    for i, ev in enumerate(ix.events):
+        if ev["event"] == "snapshot":
+            yield i, ev, replay
+        else:
+            replay.advance(ev)
+
+
+def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
+    owners: dict[int, str] = {}
+    doubled = []
+    for rid, table in tables.items():
+        for page in table:
+            if page in owners:
+                doubled.append(page)
+            owners[page] = rid
+    return doubled
+
+
+@clause("pages_conserved",
+        "In every snapshot allocated_blocks + free_blocks = capacity, the block tables hold exactly "
+        "allocated_blocks distinct pages in 0..capacity-1 with no page in two tables, and draining_blocks counts "
+        "the pages of ended requests not yet released.",
+        "A page in two tables is silent KV corruption; a page in none is a leak.", needs=("snapshot",))
+def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "pages_conserved"
+    cap = ix.capacity
+    for i, snap, replay in _snapshot_walk(ix):
+        tables = snap["block_tables"]
+        if snap["allocated_blocks"] + snap["free_blocks"] != cap:
+            yield ix.violation(cid, f"allocated {snap['allocated_blocks']} + free {snap['free_blocks']} != capacity "
+                                    f"{cap}", None, i)
+        pages: set[int] = set()
+        total = draining = 0
+        for rid, table in tables.items():
+            pages.update(table)
+            total += len(table)
+            if replay.state.get(rid) in ("draining", "ended"):
+                draining += len(table)
+        if len(pages) != total:
+            yield ix.violation(cid, f"{total - len(pages)} page(s) appear twice in the block tables: "
+                                    f"{short(_doubled(tables))}", None, i)
+        elif total != snap["allocated_blocks"]:
+            yield ix.violation(cid, f"block tables hold {total} pages, allocated_blocks says "
+                                    f"{snap['allocated_blocks']}", None, i)
+        if pages and (min(pages) < 0 or max(pages) >= cap):
+            yield ix.violation(cid, f"page id outside 0..{cap - 1}: {min(pages) if min(pages) < 0 else max(pages)}",
+                               None, i)
+        if draining != snap["draining_blocks"]:
+            yield ix.violation(cid, f"ended requests hold {draining} pages, draining_blocks says "
+                                    f"{snap['draining_blocks']}", None, i)
+
+
+@clause("snapshot_counts",
+        "Where a snapshot carries active and queued, they agree with the event trace at that point: as id lists, "
+        "exactly the requests admitted and the requests waiting (arrived or preempted, not ended), in any order; "
+        "as counts, their numbers.",
+        "Running/waiting gauges are what operators watch; they must match the events.", needs=("snapshot", "admit"))
+def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "snapshot_counts"
+    for i, snap, replay in _snapshot_walk(ix):
+        for field, state in (("active", "active"), ("queued", "queued")):
+            shown = snap.get(field)
+            if shown is None:
+                continue
+            expected = sorted(replay.members[state])
+            if isinstance(shown, list):
+                if sorted(shown) != expected:
+                    extra = sorted(set(shown) - set(expected))
+                    missing = [rid for rid in expected if rid not in shown]
+                    yield ix.violation(cid, f"snapshot {field} lists {short(shown)}; events give {short(expected)} "
+                                            f"(extra {short(extra)}, missing {short(missing)})", None, i)
+            elif shown != len(expected):
+                yield ix.violation(cid, f"snapshot says {field}={shown}, events give {len(expected)}", None, i)
+
+
+@clause("pages_cover_rows",
+        "Every dispatch follows a snapshot of its tick. Every snapshot gives each running or draining request at "
+        "least ceil(rows it fed before the snapshot, this incarnation / block_size) pages (so pages may be "
+        "allocated before the snapshot or while the dispatch runs) and at most ceil((prompt + output - 1) / "
+        "block_size), and shows no page for a request that is neither admitted nor ended awaiting release.",
+        "Rows without pages overwrite someone else's KV; pages beyond the largest need are hoarded capacity.",
+        needs=("snapshot", "dispatch"))
+def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "pages_cover_rows"
+    bs = ix.bs
+    replay = Replay()
+    snapshot_time: float | None = None
+    for i, ev in enumerate(ix.events):
+        kind = ev["event"]
+        if kind == "snapshot":
+            snapshot_time = ev["time"]
+            tables = ev["block_tables"]
+            for members in (replay.members["active"], replay.members["draining"]):
+                for rid in sorted(members):
+                    fed = replay.fed.get(rid, 0)
+                    have = len(tables.get(rid, ()))
+                    if have < -(-fed // bs):
+                        yield ix.violation(cid, f"has fed {fed} rows, which need {-(-fed // bs)} pages; the snapshot "
+                                                f"shows {have}", rid, i)
+            for rid, table in tables.items():
+                line = ix.arrivals.get(rid)
+                if line is None or not table:
+                    continue
+                most = required_blocks(line["prompt_tokens"], line["output_tokens"], bs)
+                where = replay.state.get(rid)
+                if where not in ("active", "draining"):
+                    yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
+                elif len(table) > most:
+                    yield ix.violation(cid, f"holds {len(table)} pages; its whole sequence needs at most {most}",
+                                       rid, i)
+        elif kind == "dispatch" and snapshot_time != ev["time"]:
+            yield ix.violation(cid, "dispatch without a snapshot at its tick, so its pages cannot be audited", None, i)
+        replay.advance(ev)
+
+
+@clause("headroom_nonnegative", "admission_headroom is never negative.",
+        "Negative headroom means the scheduler promised more pages than exist.", needs=("snapshot",))
+def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
+    for i in ix.snapshots:
+        if ix.events[i]["admission_headroom"] < 0:
+            yield ix.violation("headroom_nonnegative", f"admission_headroom is {ix.events[i]['admission_headroom']}",
+                               None, i)
+
+
+@clause("no_reuse_before_release",
+        "A page of an ended request appears in another request's block table only after that request's release "
+        "event, and no earlier than its end time + release_delay.",
+        "In-flight transfers may still write to a retired request's pages; reusing them early corrupts KV.",
+        needs=("snapshot", "release"))
+def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
+    delay = ix.cfg["release_delay"]
+    owner: dict[int, str] = {}
+    last_table: dict[str, list[int]] = {}
+    ended_at: dict[str, float] = {}
+    released: set[str] = set()
+    for i, ev in enumerate(ix.events):
+        kind = ev["event"]
+        if kind in ("finished", "cancelled"):
+            ended_at.setdefault(ev["id"], ev["time"])
+        elif kind == "preempted":  # its pages went back to the pool at once
+            for page in last_table.pop(ev["id"], []):
+                if owner.get(page) == ev["id"]:
+                    del owner[page]
+        elif kind == "release":
+            released.add(ev["id"])
+        elif kind == "snapshot":
+            for rid, table in ev["block_tables"].items():
+                before = last_table.get(rid, [])
+                if table == before:
+                    continue
+                new = table[len(before):] if table[:len(before)] == before else [p for p in table if p not in before]
+                last_table[rid] = table
+                for page in new:
+                    prev = owner.get(page)
+                    owner[page] = rid
+                    if prev is None or prev == rid or prev not in ended_at:
+                        continue
+                    end = ended_at[prev]
+                    if prev not in released or ev["time"] < end + delay:
+                        yield ix.violation("no_reuse_before_release",
+                                           f"page {page} of {prev!r} (ended t={end}, release_delay {delay}) given to "
+                                           f"{rid!r} at t={ev['time']}"
+                                           + ("" if prev in released else f" before {prev!r} was released"), rid, i)
+
+
+def _held_at_end(ix: ReportIndex) -> dict[str, bool]:
+    """For each request that ended after an admission: whether it held pages at its end.
+
+    It did when it had fed rows in its last incarnation (rows need pages), or
+    when a snapshot after its end still shows pages in its table.
+    """
+    held: dict[str, bool] = {}
+    replay = Replay()
+    for ev in ix.events:
+        kind = ev["event"]
+        if kind in ("finished", "cancelled") and replay.state.get(ev["id"]) == "active":
+            held[ev["id"]] = replay.fed.get(ev["id"], 0) > 0
+        elif kind == "snapshot":
+            for rid, table in ev["block_tables"].items():
+                if table and rid in held:
+                    held[rid] = True
+        replay.advance(ev)
+    return held
+
+
+@clause("release_once_after_delay",
+        "A request that holds pages at its end gets exactly one release event, after its terminal event and no "
+        "earlier than its end time + release_delay; one that holds none gets at most one, no earlier; a request "
+        "never admitted gets none.",
+        "Release events are how the pool's drain is observed and audited.", needs=("release", "admit", "dispatch"))
+def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "release_once_after_delay"
+    delay = ix.cfg["release_delay"]
+    held = _held_at_end(ix)
+    for rid, seq in ix.seq.items():
+        releases = [i for i, kind, _ in seq if kind == "release"]
+        if not any(kind == "admit" for _, kind, _ in seq):
+            if releases:
+                yield ix.violation(cid, "release for a request never admitted", rid, releases[0])
+            continue
+        expected = "exactly 1" if held.get(rid) else "at most 1"
+        if len(releases) > 1 or (held.get(rid) and not releases):
+            yield ix.violation(cid, f"expected {expected} release event (it "
+                                    f"{'holds' if held.get(rid) else 'holds no'} pages at its end), got "
+                                    f"{len(releases)}", rid, releases[1] if releases[1:] else None)
+        end = ix.terminal(rid)
+        if releases and end is not None:
+            at = releases[0]
+            if at < end[0] or ix.time(at) < ix.time(end[0]) + delay:
+                yield ix.violation(cid, f"released at t={ix.time(at)}, ended t={ix.time(end[0])}, release_delay "
+                                        f"{delay}", rid, at)
+        elif releases and end is None:
+            yield ix.violation(cid, "released while it had not ended", rid, releases[0])
+
+
+@clause("no_leaked_pages",
+        "summary.free_blocks equals capacity; every request holding pages in the last snapshot is released after "
+        "it; and a snapshot that follows the last release shows every page free and no block table holding one.",
+        "A page still held after drain is a leak that grows until the server stops admitting.",
+        needs=("snapshot", "release"))
+def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "no_leaked_pages"
+    cap = ix.capacity
+    if ix.report["summary"]["free_blocks"] != cap:
+        yield ix.violation(cid, f"summary.free_blocks {ix.report['summary']['free_blocks']}, capacity {cap}")
+    if not ix.snapshots:
+        return
+    last = ix.snapshots[-1]
+    snap = ix.events[last]
+    held = {rid: table for rid, table in snap["block_tables"].items() if table}
+    released_after = {ev["id"] for ev in ix.events[last + 1:] if ev["event"] == "release"}
+    for rid, table in held.items():
+        if rid not in released_after:
+            yield ix.violation(cid, f"the last snapshot shows it holding {short(table)} and it is never released "
+                                    f"after that", rid, last)
+    releases = [i for i, ev in enumerate(ix.events) if ev["event"] == "release"]
+    if (not releases or releases[-1] < last) and (snap["free_blocks"] != cap or held):
+        owners = ", ".join(f"{rid}: {short(t)}" for rid, t in list(held.items())[:5])
+        yield ix.violation(cid, f"final snapshot after the last release: free_blocks {snap['free_blocks']} of {cap}"
+                                + (f"; still held by {owners}" if held else ""), None, last)
+
+
+@clause("drain_time_consistent",
+        "summary.drained_at_tick is no earlier than the last release (or, with no release, the last terminal "
+        "event) and no later than the report's last event.",
+        "The drain time is when the pool is reusable, which is not the last response's latency.",
+        needs=("release",))
+def _drain_time_consistent(ix: ReportIndex) -> Iterator[Violation]:
+    drained = ix.report["summary"]["drained_at_tick"]
+    last = ix.events[-1]["time"] if ix.events else 0
+    ends = [ev["time"] for ev in ix.events if ev["event"] == "release"] or \
+           [ev["time"] for ev in ix.events if ev["event"] in TERMINAL]
+    floor = max(ends, default=0)
+    if drained is None or not floor <= drained <= last:
+        what = "last release" if any(ev["event"] == "release" for ev in ix.events) else "last terminal event"
+        yield ix.violation("drain_time_consistent", f"summary.drained_at_tick {drained}, expected between the "
+                                                    f"{what} at t={floor} and the last event at t={last}")

@@ -1,0 +1,160 @@
+"""Clauses about dispatches and their rows: what is fed, when, within which budget.
+
+They need the engine's dispatch events, so client-side reports skip them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from .core import TERMINAL, ReportIndex, Violation, clause
+
+
+@clause("pending_sample_fed_once",
+        "Within one incarnation (from admission to preemption or end), the input rows fed before emitting output k "
+        "total prompt + k - 1, and rows never exceed prompt plus the outputs emitted so far.",
+        "The newest sampled token is fed exactly once; re-feeding it after recompute duplicates a KV row.",
+        needs=("dispatch", "token"))
+def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "pending_sample_fed_once"
+    for rid, line in ix.arrivals.items():
+        prompt = line["prompt_tokens"]
+        fed = emitted = 0
+        for i, kind, ev in ix.seq[rid]:
+            if kind == "preempted":
+                fed = 0
+            elif kind == "row":
+                fed += ev["input_tokens"]
+                if fed > prompt + emitted:
+                    yield ix.violation(cid, f"rows fed reach {fed} with prompt {prompt} and {emitted} outputs "
+                                            f"emitted: at most {prompt + emitted} rows exist to feed", rid, i)
+                    break
+            elif kind == "token":
+                emitted += 1
+                if fed != prompt + emitted - 1:
+                    yield ix.violation(cid, f"output {emitted} emitted after {fed} input rows this incarnation; "
+                                            f"expected prompt {prompt} + {emitted} - 1 = {prompt + emitted - 1}", rid, i)
+                    break
+
+
+@clause("lifecycle_order",
+        "A request is admitted only while queued, runs rows only while admitted, is preempted only while "
+        "admitted (then holds nothing until admitted again), and the number of admitted requests never exceeds "
+        "max_active (1 under the serial policy).",
+        "Rows for a request that is not admitted compute on pages it does not own.", needs=("admit", "dispatch"))
+def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "lifecycle_order"
+    limit = ix.max_active()
+    state: dict[str, str] = {}
+    active = 0
+    for i, ev in enumerate(ix.events):
+        kind = ev["event"]
+        if kind == "dispatch":
+            for row in ev["work"]:
+                if row["id"] in ix.arrivals and state.get(row["id"]) != "active":
+                    yield ix.violation(cid, f"dispatch row ({row['phase']}) while the request is "
+                                            f"{state.get(row['id'], 'not arrived')}, not admitted", row["id"], i)
+            continue
+        rid = ev.get("id")
+        if rid not in ix.arrivals:
+            continue
+        now = state.get(rid)
+        if kind == "arrival":
+            state[rid] = "queued"
+        elif kind == "admit":
+            if now != "queued":
+                yield ix.violation(cid, f"admitted while {now or 'not arrived'}", rid, i)
+            state[rid] = "active"
+            active += 1
+            if active > limit:
+                yield ix.violation(cid, f"{active} requests admitted at once; max_active allows {limit}", rid, i)
+        elif kind == "preempted":
+            if now != "active":
+                yield ix.violation(cid, f"preempted while {now or 'not arrived'}", rid, i)
+            else:
+                active -= 1
+            state[rid] = "queued"
+        elif kind in TERMINAL:
+            if now == "active":
+                active -= 1
+            state[rid] = "ended"
+
+
+@clause("budget_respected",
+        "Each dispatch feeds at most token_budget input tokens, and its unused_budget is token_budget minus "
+        "what it fed.",
+        "The token budget bounds step latency; overrunning it breaks every latency SLO built on it.",
+        needs=("dispatch",))
+def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
+    budget = ix.cfg["token_budget"]
+    for i in ix.dispatches:
+        ev = ix.events[i]
+        used = sum(row["input_tokens"] for row in ev["work"])
+        if used > budget:
+            yield ix.violation("budget_respected", f"dispatch feeds {used} tokens, token_budget is {budget}", None, i)
+        elif ev["unused_budget"] != budget - used:
+            yield ix.violation("budget_respected", f"unused_budget {ev['unused_budget']}, expected {budget} - {used} "
+                                                   f"= {budget - used}", None, i)
+
+
+@clause("row_shape",
+        "A dispatch has at most one row per request and at least one row; decode rows feed exactly 1 token, only "
+        "after the prompt is fed and an output exists; prefill rows feed only prompt positions; prefill and "
+        "recompute rows feed at most prefill_chunk tokens; recompute rows appear only after a preemption.",
+        "Malformed rows mean the batch computes positions that were never scheduled.", needs=("dispatch", "token"))
+def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
+    cid = "row_shape"
+    chunk = ix.cfg["prefill_chunk"]
+    fed: dict[str, int] = {}
+    emitted: dict[str, int] = {}
+    preempted: set[str] = set()
+    for i, ev in enumerate(ix.events):
+        kind = ev["event"]
+        if kind == "token":
+            emitted[ev["id"]] = emitted.get(ev["id"], 0) + 1
+        elif kind == "preempted":
+            fed[ev["id"]] = 0
+            preempted.add(ev["id"])
+        elif kind == "dispatch":
+            if not ev["work"]:
+                yield ix.violation(cid, "dispatch with no rows", None, i)
+            seen: set[str] = set()
+            for row in ev["work"]:
+                rid, n, phase = row["id"], row["input_tokens"], row["phase"]
+                line = ix.arrivals.get(rid)
+                if line is None:
+                    continue
+                if rid in seen:
+                    yield ix.violation(cid, "two rows for the same request in one dispatch", rid, i)
+                seen.add(rid)
+                done = fed.get(rid, 0)
+                problem = None
+                if phase == "decode" and (n != 1 or done < line["prompt_tokens"] or not emitted.get(rid)):
+                    problem = (f"decode row of {n} tokens after {done} of {line['prompt_tokens']} prompt rows and "
+                               f"{emitted.get(rid, 0)} outputs; a decode row feeds 1 token once the prompt is "
+                               f"fed and an output exists")
+                elif phase != "decode" and n > chunk:
+                    problem = f"{phase} row of {n} tokens exceeds prefill_chunk {chunk}"
+                elif phase == "prefill" and done + n > line["prompt_tokens"]:
+                    problem = f"prefill row covers positions {done}..{done + n - 1} past the prompt's " \
+                              f"{line['prompt_tokens']} tokens"
+                elif phase == "recompute" and rid not in preempted:
+                    problem = "recompute row for a request that was never preempted"
+                if problem:
+                    yield ix.violation(cid, problem, rid, i)
+                fed[rid] = done + n
+
+
+@clause("input_tokens_accounted",
+        "summary.processed_input_tokens equals the sum of all dispatched rows, and summary.dispatches the number "
+        "of dispatch events.",
+        "Wasted prefill on cancelled requests must show up in the token count, not vanish.", needs=("dispatch",))
+def _input_tokens_accounted(ix: ReportIndex) -> Iterator[Violation]:
+    summary = ix.report["summary"]
+    total = sum(row["input_tokens"] for i in ix.dispatches for row in ix.events[i]["work"])
+    if summary["processed_input_tokens"] != total:
+        yield ix.violation("input_tokens_accounted", f"summary.processed_input_tokens "
+                                                     f"{summary['processed_input_tokens']}, dispatch rows sum to {total}")
+    if summary["dispatches"] != len(ix.dispatches):
+        yield ix.violation("input_tokens_accounted", f"summary.dispatches {summary['dispatches']}, "
+                                                     f"{len(ix.dispatches)} dispatch events")

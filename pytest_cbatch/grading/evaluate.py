@@ -1,0 +1,256 @@
+"""Grading one submission: every clause judged in this (trusted) process on the sandboxed submission's runs.
+
+``grade_submission(submission, rubric, plan, out_dir)`` returns a
+``SubmissionResult`` with one test per contract clause (it passes when it
+passes on every workload it ran on), one per lifecycle clause and one per
+numeric check that ran.  A failed test's output holds the explanation, the
+minimal trace and a replay command that works from the student's folder; the
+failing trace is written next to results.json.  Hidden workloads count like
+the others, but when the rubric marks them hidden, student-visible output
+names only how many failed; their details go to ``hidden-failures.txt``
+beside results.json, for the instructor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..explain import explain_failure, trace_jsonl
+from ..impls import ImplementationError
+from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
+from ..sandbox import IsolatedImplementation, LoadSpec
+from .plan import Case, Plan
+from .results import SubmissionResult, TestResult
+from .rubric import Rubric
+
+__all__ = ["Submission", "grade_submission"]
+
+_SHOWN_LABELS = 8
+_NOTES_LIMIT = 4000
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A submission: its name (file stem or folder name), where it lives and what the sandbox imports."""
+
+    name: str
+    path: str
+    load: LoadSpec
+
+
+@dataclass
+class _Tally:
+    ran: int = 0
+    skipped: list[str] = field(default_factory=list)
+    failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
+
+
+def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path) -> SubmissionResult:
+    """Grade ``submission``; writes failing traces (and hidden-failures.txt) under ``out_dir``."""
+    start = time.monotonic()
+    notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
+             f"({rubric.limits.describe()})", plan.generation]
+    try:
+        impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
+                                      label=f"submission {submission.name!r}")
+    except ImplementationError as exc:
+        message = str(exc).split(": ", 1)[-1]
+        tests = [TestResult(name, False, f"not judged: the submission could not be loaded.\n{message}")
+                 for name in _all_test_names(plan, rubric)]
+        return _finish(submission, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+    try:
+        source = impl.sources.get("simulate", submission.name)
+        replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
+        hidden_log: list[str] = []
+        tests = _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
+        tests += _lifecycle_tests(impl.namespace, rubric, notes)
+        tests += _numeric_tests(impl, rubric, notes)
+    finally:
+        impl.close()
+    if hidden_log:
+        (out_dir / "hidden-failures.txt").write_text("\n\n".join(hidden_log) + "\n", encoding="utf-8")
+    return _finish(submission, rubric, tests, notes, start)
+
+
+def _finish(submission: Submission, rubric: Rubric, tests: list[TestResult], notes: list[str],
+            start: float) -> SubmissionResult:
+    for test in tests:
+        rule = rubric.rule_for(test.name)
+        test.max_score, test.visibility = rule.points, rule.visibility
+    result = SubmissionResult(submission.name, tests, "", time.monotonic() - start,
+                              extra={"seed": rubric.seed, "rubric": Path(rubric.source).name})
+    failed = [t.name for t in tests if not t.passed and t.max_score]
+    notes.append(f"score {result.score:g} / {result.max_score:g}"
+                 + (f"; failed: {', '.join(failed)}" if failed else "; every test passed"))
+    result.output = "\n".join(notes)
+    return result
+
+
+def _all_test_names(plan: Plan, rubric: Rubric) -> list[str]:
+    from ..lifecycle import LIFECYCLE_CLAUSES
+
+    return [f"contract.{c}" for c in ALL_CLAUSES] + list(LIFECYCLE_CLAUSES)
+
+
+# ------------------------------------------------------------------ contract
+
+
+def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_log: list[str]) -> list[TestResult]:
+    tallies = {cid: _Tally() for cid in ALL_CLAUSES}
+    for case in plan.cases:
+        for cid in ALL_CLAUSES:
+            if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
+                continue
+            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
+    for case in plan.invalid:
+        _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
+    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in ALL_CLAUSES]
+
+
+def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
+    if result.status == "skip":
+        tally.skipped.append(result.reason)
+        return
+    tally.ran += 1
+    if result.status == "fail":
+        tally.failed.append((case, result))
+
+
+def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
+                 hidden_log: list[str]) -> TestResult:
+    name = f"contract.{cid}"
+    tags = ["contract"]
+    if not tally.ran:
+        reason = tally.skipped[0] if tally.skipped else "no workload applies"
+        return TestResult(name, False, f"not judged: skipped on every workload ({reason})", tags=tags)
+    kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
+    if not tally.failed:
+        return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})", tags=tags)
+    shown = [(c, r) for c, r in tally.failed if c.kind != "hidden" or plan.hidden_visible]
+    withheld = len(tally.failed) - len(shown)
+    labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
+    more = len(shown) - len(labels)
+    lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
+             + ", ".join(labels) + (f" and {more} more" if more else "")
+             + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else "")]
+    if shown:
+        lines.append(_explain(judge, cid, *shown[0], spec, out_dir))
+    for case, result in tally.failed:
+        if case.kind == "hidden" and not plan.hidden_visible:
+            hidden_log.append(_explain(judge, cid, case, result, spec, out_dir, write=False))
+    return TestResult(name, False, "\n".join(lines), tags=tags)
+
+
+def _kinds(tally: _Tally, plan: Plan) -> str:
+    counts = plan.counts()
+    parts = [f"{counts['fixed']} fixed", f"{counts['generated']} generated"]
+    if counts["hidden"]:
+        parts.append(f"{counts['hidden']} hidden")
+    if tally.skipped:
+        parts.append(f"{len(tally.skipped)} skipped")
+    return "of " + ", ".join(parts)
+
+
+def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
+             write: bool = True) -> str:
+    trace, original = [dict(line) for line in case.trace], len(case.trace)
+    if cid != "invalid_input_refused" and not judge.run(trace, case.config).outcome.broken:
+        smaller = shrink_trace(judge, cid, trace, case.config, max_runs=40)
+        retry = judge.judge(cid, smaller, case.config) if len(smaller) < len(trace) else None
+        if retry is not None and retry.status == "fail":
+            trace, result = smaller, retry
+    filename = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{cid}-{case.label}.jsonl")
+    if write:
+        (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
+    text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
+                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
+    return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
+                   f"run the replay command there)" if write else "")
+
+
+# ----------------------------------------------------------------- lifecycle
+
+
+def _lifecycle_tests(namespace: Any, rubric: Rubric, notes: list[str]) -> list[TestResult]:
+    from ..lifecycle import LIFECYCLE_CLAUSES, PARTS, missing_parts
+
+    merged: dict[str, tuple[str, str]] = {}
+    missing = missing_parts(namespace)
+    for part in PARTS:
+        if part in missing:
+            notes.append(f"lifecycle {part}: not graded: {missing[part]}")
+            continue
+        for cid, (status, message) in _part_verdicts(part, namespace, rubric.lifecycle_examples).items():
+            old = merged.get(cid)
+            if old is None or _RANK[status] > _RANK[old[0]]:
+                merged[cid] = (status, f"[{part}] {message}".rstrip())
+    tests = []
+    for cid in LIFECYCLE_CLAUSES:
+        status, message = merged.get(cid, ("skip", "not judged: no lifecycle part of this submission covers it"))
+        text = {"pass": "passed", "fail": "failed", "skip": "not judged", "error": "not judged (error)"}[status]
+        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"]))
+    return tests
+
+
+_RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}
+
+
+def _part_verdicts(part: str, namespace: Any, examples: int) -> dict[str, tuple[str, str]]:
+    """{clause: (status, message)} for one lifecycle part: ``lifecycle_verdicts`` under the grading settings."""
+    from hypothesis import HealthCheck
+    from hypothesis import settings as Settings
+
+    from ..lifecycle import lifecycle_verdicts
+
+    settings = Settings(max_examples=max(examples, 1), derandomize=True, database=None, deadline=None,
+                        print_blob=False, suppress_health_check=list(HealthCheck))
+    verdicts = lifecycle_verdicts(part, namespace, settings)
+    return {cid: (verdict.status, verdict.message[:_NOTES_LIMIT]) for cid, verdict in verdicts.items()}
+
+
+# ------------------------------------------------------------------ numerics
+
+
+def _numeric_tests(impl: IsolatedImplementation, rubric: Rubric, notes: list[str]) -> list[TestResult]:
+    if rubric.numerics == "off":
+        notes.append("numeric checks: off in the rubric")
+        return []
+    try:
+        from ..gpu_checks.checks import run_schedule_checks
+    except ImportError as exc:
+        notes.append(f"numeric checks: skipped, torch is not installed ({exc})")
+        return []
+    from ..gpu_checks.schedules import SUITE_WORKLOADS
+    from ..reference.scheduler_sim import demo_trace
+    from ..workloads import BASE_CONFIG
+
+    workloads = {"demo": (demo_trace(), dict(BASE_CONFIG)),
+                 **{name: (list(w.trace), w.config) for name, w in SUITE_WORKLOADS.items()}}
+    found: dict[str, list[str]] = {}
+    passed: dict[str, bool] = {}
+    for dtype in rubric.numerics_dtypes:
+        for wname in rubric.numerics_workloads:
+            trace, config = workloads[wname]
+            outcome = impl.run(trace, config)
+            if outcome.report is None:
+                reason = outcome.unsupported or outcome.refused or outcome.broken
+                found.setdefault(f"numerics.{dtype}", []).append(f"{wname}: no report ({reason})")
+                passed[f"numerics.{dtype}"] = False
+                continue
+            try:
+                results = run_schedule_checks(trace, outcome.report, dtype=dtype, device="cpu", preset="tiny",
+                                              block_size=config["block_size"], workload=wname)
+            except Exception as exc:  # the report cannot be executed (ScheduleError and kin): the check fails
+                found.setdefault(f"numerics.{dtype}", []).append(f"{wname}: {type(exc).__name__}: {exc}")
+                passed[f"numerics.{dtype}"] = False
+                continue
+            for r in results:
+                key = f"numerics.{r.name}.{dtype}"
+                passed[key] = passed.get(key, True) and r.passed
+                found.setdefault(key, []).append(r.summary())
+    notes.append(f"numeric checks: {', '.join(rubric.numerics_dtypes)} on {', '.join(rubric.numerics_workloads)} "
+                 f"(tiny preset, CPU)")
+    return [TestResult(key, passed[key], "\n".join(lines), tags=["numerics"]) for key, lines in found.items()]

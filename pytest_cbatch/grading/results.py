@@ -1,0 +1,87 @@
+"""Grading results: one test per clause or check, written as Gradescope results.json and a summary CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+__all__ = ["SubmissionResult", "TestResult", "write_json", "write_summary"]
+
+
+@dataclass
+class TestResult:
+    """One Gradescope test: ``name`` as the rubric matches it, ``passed`` or not, its output text."""
+
+    name: str
+    passed: bool
+    output: str
+    max_score: float = 0.0
+    visibility: str = "visible"
+    tags: list[str] = field(default_factory=list)
+
+    @property
+    def score(self) -> float:
+        return self.max_score if self.passed else 0.0
+
+    def gradescope(self) -> dict[str, Any]:
+        return {"name": self.name, "score": self.score, "max_score": self.max_score,
+                "status": "passed" if self.passed else "failed", "output": self.output,
+                "visibility": self.visibility, "tags": list(self.tags)}
+
+
+@dataclass
+class SubmissionResult:
+    """Everything graded for one submission."""
+
+    name: str
+    tests: list[TestResult]
+    output: str
+    execution_time: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> float:
+        return sum(t.score for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_score for t in self.tests)
+
+    def gradescope(self) -> dict[str, Any]:
+        """The Gradescope autograder results document (schemas/gradescope-results.schema.json)."""
+        return {"score": self.score, "execution_time": round(self.execution_time, 3), "output": self.output,
+                "visibility": "visible", "stdout_visibility": "hidden",
+                "extra_data": {"cbatch": {"submission": self.name, "max_score": self.max_score, **self.extra}},
+                "tests": [t.gradescope() for t in self.tests]}
+
+
+def write_json(path: Path, document: Any) -> None:
+    """Write ``document`` atomically (a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def write_summary(path: Path, results: Sequence[SubmissionResult]) -> None:
+    """``summary.csv``: a row per submission (name, score, max, seconds) and a column per test (its score)."""
+    names: list[str] = []
+    for result in results:
+        names += [t.name for t in result.tests if t.name not in names]
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(["submission", "score", "max_score", "execution_time", *names])
+        for result in sorted(results, key=lambda r: r.name):
+            scores = {t.name: t.score for t in result.tests}
+            writer.writerow([result.name, _num(result.score), _num(result.max_score),
+                             round(result.execution_time, 3), *(_num(scores[n]) if n in scores else "" for n in names)])
+    os.replace(tmp, path)
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"

@@ -1,0 +1,151 @@
+"""The grading rubric: points and visibility per test, example counts, hidden traces, limits (TOML).
+
+Format (every table optional; ``cbatch grade`` without ``--rubric`` uses the
+shipped ``default_rubric.toml``)::
+
+    [grading]
+    seed = 20240901            # hypothesis seed of the generated traces: the same for every student
+    generated_examples = 100   # generated traces per admission mode (reserve, optimistic)
+    lifecycle_examples = 100   # state-machine runs per lifecycle part
+    numerics = "auto"          # "auto" (when torch is importable) or "off"
+    numerics_workloads = ["demo"]
+    numerics_dtypes = ["float64"]
+
+    [limits]                   # see pytest_cbatch.sandbox.Limits
+    call_seconds = 10
+
+    [hidden]
+    traces = "hidden"          # folder of JSONL traces, relative to the rubric (or --traces DIR)
+    visibility = "hidden"      # "hidden": their names and contents never reach student-visible output
+
+    [tests]                    # test name or glob -> points and visibility; the first match wins
+    "contract.completes" = { points = 4 }
+    "contract.*" = { points = 2, visibility = "visible" }
+    "lifecycle.*" = { points = 1 }
+
+Test names are ``contract.<clause>``, ``lifecycle.<clause>`` (the lifecycle
+clause ids already start with ``lifecycle.``) and ``numerics.<check>``.
+Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
+``after_published``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+from ..sandbox import Limits
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = ["VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
+
+VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
+_GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
+                 "numerics_workloads": list, "numerics_dtypes": list}
+
+
+@dataclass(frozen=True)
+class TestRule:
+    """Points and visibility for the tests whose names match ``pattern``."""
+
+    pattern: str
+    points: float
+    visibility: str = "visible"
+
+
+@dataclass(frozen=True)
+class Rubric:
+    """A parsed rubric; ``source`` names the file it came from."""
+
+    source: str
+    seed: int = 20240901
+    generated_examples: int = 100
+    lifecycle_examples: int = 100
+    numerics: str = "auto"
+    numerics_workloads: tuple[str, ...] = ("demo",)
+    numerics_dtypes: tuple[str, ...] = ("float64",)
+    limits: Limits = field(default_factory=Limits)
+    hidden_traces: Path | None = None
+    hidden_visibility: str = "hidden"
+    rules: tuple[TestRule, ...] = ()
+
+    def rule_for(self, test: str) -> TestRule:
+        """The first rule matching ``test`` (an exact name or a glob); unmatched tests are worth 0 points."""
+        for rule in self.rules:
+            if rule.pattern == test or fnmatch.fnmatchcase(test, rule.pattern):
+                return rule
+        return TestRule(test, 0.0)
+
+
+def load_rubric(path: str | Path | None = None) -> Rubric:
+    """Parse the rubric at ``path`` (the shipped default when None); ValueError names the bad key."""
+    if path is None:
+        text = resources.files(__package__).joinpath("default_rubric.toml").read_text(encoding="utf-8")
+        source, base = "default rubric", None
+    else:
+        text = Path(path).read_text(encoding="utf-8")
+        source, base = str(path), Path(path).resolve().parent
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{source}: not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"grading", "limits", "hidden", "tests"})
+    if unknown:
+        raise ValueError(f"{source}: unknown table(s) {', '.join(unknown)}; known: grading, limits, hidden, tests")
+    grading = _grading(data.get("grading", {}), source)
+    hidden = data.get("hidden", {})
+    extra = sorted(set(hidden) - {"traces", "visibility"})
+    if extra:
+        raise ValueError(f"{source}: [hidden] has unknown key(s) {', '.join(extra)}; known: traces, visibility")
+    traces = hidden.get("traces")
+    if traces is not None and base is None:
+        raise ValueError(f"{source}: [hidden].traces needs a rubric file to be relative to")
+    return Rubric(
+        source=source,
+        limits=Limits.from_mapping(data.get("limits", {}), f"{source}: [limits]"),
+        hidden_traces=(base / traces) if traces is not None and base is not None else None,
+        hidden_visibility=_visibility(hidden.get("visibility", "hidden"), f"{source}: [hidden].visibility"),
+        rules=tuple(_rule(pattern, value, source) for pattern, value in data.get("tests", {}).items()),
+        **grading,
+    )
+
+
+def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        kind = _GRADING_KEYS.get(key)
+        if kind is None:
+            raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ValueError(f"{source}: [grading].{key} must be a {kind.__name__}, got {value!r}")
+        out[key] = tuple(value) if kind is list else value
+    if out.get("numerics", "auto") not in ("auto", "off"):
+        raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
+    for key in ("generated_examples", "lifecycle_examples"):
+        if out.get(key, 1) < 0:
+            raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")
+    return out
+
+
+def _rule(pattern: str, value: Any, source: str) -> TestRule:
+    where = f"{source}: [tests].{pattern!r}"
+    if not isinstance(value, dict) or set(value) - {"points", "visibility"} or "points" not in value:
+        raise ValueError(f"{where} must be a table {{ points = N, visibility = \"...\" }}, got {value!r}")
+    points = value["points"]
+    if isinstance(points, bool) or not isinstance(points, (int, float)) or points < 0:
+        raise ValueError(f"{where}: points must be a number >= 0, got {points!r}")
+    return TestRule(pattern, float(points), _visibility(value.get("visibility", "visible"), f"{where}.visibility"))
+
+
+def _visibility(value: Any, where: str) -> str:
+    if value not in VISIBILITIES:
+        raise ValueError(f"{where} must be one of {', '.join(VISIBILITIES)}, got {value!r}")
+    return str(value)

@@ -1,0 +1,133 @@
+"""The allocator machine: create, append, fork, pin, unpin and release on one small PagedKV."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from .machine import LifecycleMachine, bind, choose, judged
+
+__all__ = ["allocator_machine"]
+
+_OWNERS = ("a", "b", "c", "d")
+_PINS = ("p0", "p1", "p2")
+_ROWS = st.lists(st.integers(0, 99), min_size=1, max_size=4)
+_NAMES = "lifecycle.owner_names"
+_REFUSED = (KeyError, ValueError)
+_MISUSES = ("read", "append", "fork", "pin", "unpin", "release", "create")
+
+
+class _AllocatorMachine(LifecycleMachine):
+    """Owners and pins on a pool of 1 to 8 pages, compared with the oracle after every step."""
+
+    @initialize(capacity=st.integers(1, 8), block_size=st.integers(1, 3))
+    @judged
+    def setup(self, capacity: int, block_size: int) -> None:
+        self.start_pool(capacity, block_size)
+
+    def live(self) -> list[str]:
+        return sorted(self.oracle.tables)  # type: ignore[arg-type]
+
+    @rule(data=st.data(), misuse=st.sampled_from((None, None, None, None, *_MISUSES)))
+    @judged
+    def create(self, data: st.DataObject, misuse: str | None) -> None:
+        """Create an owner; now and then instead a call that must be refused (an unknown name, a live owner)."""
+        absent = [o for o in _OWNERS if o not in self.oracle.tables]
+        if misuse == "create" or (misuse is None and not absent):
+            if self.oracle.tables:
+                self.duplicate(choose(data, self.live(), "owner"))
+        elif misuse is None:
+            self.pool_create(choose(data, absent, "owner"))
+        elif absent:
+            self.unknown(choose(data, absent, "unknown"), misuse)
+
+    @precondition(lambda self: self.oracle.tables)
+    @rule(data=st.data(), rows=_ROWS)
+    @judged
+    def append(self, data: st.DataObject, rows: list[int]) -> None:
+        self.pool_append_all(choose(data, self.live(), "owner"), rows)
+
+    @precondition(lambda self: any(self.oracle.copies_tail(owner) for owner in self.oracle.tables))
+    @rule(data=st.data(), rows=_ROWS)
+    @judged
+    def append_shared(self, data: st.DataObject, rows: list[int]) -> None:
+        """Append to an owner whose partial tail another owner or a pin sees: the copy-on-write path."""
+        shared = [owner for owner in self.live() if self.oracle.copies_tail(owner)]
+        self.pool_append_all(choose(data, shared, "owner"), rows)
+
+    @precondition(lambda self: self.oracle.tables)
+    @rule(data=st.data())
+    @judged
+    def fork(self, data: st.DataObject) -> None:
+        source = choose(data, self.live(), "source")
+        absent = [o for o in _OWNERS if o not in self.oracle.tables]
+        duplicate = data.draw(st.sampled_from((False, False, False, True)), label="to a live target")
+        target = choose(data, self.live() if duplicate or not absent else absent, "target")
+        code = f"pool.fork({source!r}, {target!r})"
+        clause = "lifecycle.fork_shares"
+        if target in self.oracle.tables:
+            self.must_raise(clause, code, self.pool.fork, source, target, expected=(ValueError,),
+                            why=f"{target!r} exists")
+            self.expect_rows(clause, target, code)
+        else:
+            self.call(clause, code, self.pool.fork, source, target)
+            self.oracle.fork(source, target)
+            got = self.observe(clause, f"pool.tables[{target!r}]", lambda: list(self.pool.tables[target]))
+            want = self.observe(clause, f"pool.tables[{source!r}]", lambda: list(self.pool.tables[source]))
+            self.expect(got == want, clause, f"after {code}: pool.tables[{target!r}] == {got!r}, expected the "
+                        f"source's pages {want!r}", f"assert pool.tables[{target!r}] == pool.tables[{source!r}]")
+            self.expect_rows(clause, target, code)
+        self.expect_free(clause, code)
+
+    @precondition(lambda self: self.oracle.tables)
+    @rule(data=st.data(), name=st.sampled_from(_PINS))
+    @judged
+    def pin(self, data: st.DataObject, name: str) -> None:
+        owner = choose(data, self.live(), "owner")
+        if name not in self.oracle.pins:
+            self.pool_pin(owner, name)
+            return
+        code = f"pool.pin({owner!r}, {name!r})"
+        self.must_raise("lifecycle.pin_retains", code, self.pool.pin, owner, name, expected=(ValueError,),
+                        why=f"pin {name!r} exists")
+        self.expect_frozen_pins("lifecycle.pin_retains", code)
+        self.expect_free("lifecycle.pin_retains", code)
+
+    @precondition(lambda self: self.oracle.pins)
+    @rule(data=st.data())
+    @judged
+    def unpin(self, data: st.DataObject) -> None:
+        self.pool_unpin(choose(data, sorted(self.oracle.pins), "pin"))  # type: ignore[type-var]
+
+    @precondition(lambda self: self.oracle.tables)
+    @rule(data=st.data())
+    @judged
+    def release(self, data: st.DataObject) -> None:
+        self.pool_release(choose(data, self.live(), "owner"), "lifecycle.pin_retains")
+
+    def unknown(self, name: str, operation: str) -> None:
+        """A call naming an owner (or pin) that does not exist is refused and changes nothing."""
+        args = {"append": (name, 1), "fork": (name, "z"), "pin": (name, "q"), "unpin": ("q",)}.get(operation, (name,))
+        code = f"pool.{operation}({', '.join(map(repr, args))})"
+        method = self.observe(_NAMES, f"pool.{operation}", lambda: getattr(self.pool, operation))
+        # release of an unknown owner may also do nothing
+        self.must_raise(_NAMES, code, method, *args, expected=_REFUSED, returns=(None,) if operation == "release" else ())
+        self.expect_owners(_NAMES, code)
+        self.expect_free(_NAMES, code)
+
+    def duplicate(self, owner: str) -> None:
+        code = f"pool.create({owner!r})"
+        self.must_raise(_NAMES, code, self.pool.create, owner, expected=(ValueError,), why=f"{owner!r} is live")
+        self.expect_rows(_NAMES, owner, code)
+        self.expect_free(_NAMES, code)
+
+    def cleanup(self) -> None:
+        for owner in self.live():
+            self.pool_release(owner, "lifecycle.teardown_frees_all")
+        for name in sorted(self.oracle.pins):  # type: ignore[type-var]
+            self.pool_unpin(name, "lifecycle.teardown_frees_all")
+
+
+def allocator_machine(impl: object, disabled: frozenset[str] = frozenset()) -> type[RuleBasedStateMachine]:
+    """State machine for ``impl.PagedKV``: allocation, sharing, pins, copy-on-write, atomicity."""
+    return bind(_AllocatorMachine, "allocator", impl, disabled)

@@ -1,0 +1,363 @@
+"""What the three lifecycle state machines share: judged calls, the replay script, the pool checks.
+
+Every call on the implementation goes through ``call``/``must_raise``/
+``observe``, so anything the implementation does wrong (a wrong result, an
+unexpected exception, a missing attribute) becomes a ``LifecycleViolation`` of
+one named clause.  Each step appends its Python line to ``script``; a
+violation carries the script plus a last line that fails on the implementation.
+A clause listed in ``disabled`` (see ``verdicts``) does not fail: it halts the
+run, and the rest of that run is not judged.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import os
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant
+
+from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
+from .oracle import PoolOracle
+
+__all__ = ["LifecycleMachine", "bind", "choose", "import_lines", "judged"]
+
+PC = "lifecycle.page_conservation"
+PV = "lifecycle.pool_views"
+_CHOICE_RANGE = 8
+_Fn = TypeVar("_Fn", bound=Callable[..., Any])
+
+
+class _Halted(Exception):
+    """A disabled clause failed: the rest of this run is not judged."""
+
+
+def judged(fn: _Fn) -> _Fn:
+    """Wrap a rule or invariant: skip it once the run halted, and halt on a disabled clause."""
+
+    @functools.wraps(fn)
+    def run(self: LifecycleMachine, *args: Any, **kwargs: Any) -> Any:
+        if self.halted:
+            return None
+        try:
+            return fn(self, *args, **kwargs)
+        except _Halted:
+            self.halted = True
+            return None
+
+    return run  # type: ignore[return-value]
+
+
+def choose(data: st.DataObject, candidates: list[Any], label: str) -> Any:
+    """Pick a candidate with a draw whose shape does not depend on how many there are.
+
+    When the shrinker deletes an earlier step, later steps may see a different
+    number of candidates; a fixed-range index keeps their draws aligned.
+    """
+    return candidates[data.draw(st.integers(0, _CHOICE_RANGE - 1), label=label) % len(candidates)]
+
+
+def _exception_name(exc: type[BaseException]) -> str:
+    return exc.__name__ if getattr(builtins, exc.__name__, None) is exc else "Exception"
+
+
+def _names(types: tuple[type[BaseException], ...]) -> str:
+    return " or ".join(t.__name__ for t in types)
+
+
+def _matches(got: list[Any], want: list[Any]) -> bool:
+    """Row lists equal, a None in ``want`` matching any row (a placeholder)."""
+    return len(got) == len(want) and all(w is None or g == w for g, w in zip(got, want))
+
+
+def import_lines(impl: object) -> list[str]:
+    """The replay script's header: where PagedKV, RecomputeRequest and TransferManager come from."""
+    names = ", ".join(n for n in dict.fromkeys(("PagedKV", *PARTS.values())) if hasattr(impl, n))
+    lines = ["from contextlib import suppress"]
+    name, path = getattr(impl, "__name__", None), getattr(impl, "__file__", None)
+    if inspect.ismodule(impl) and isinstance(name, str) and not name.startswith("cbatch_impl_"):
+        lines.append(f"from {name} import {names}")
+    elif inspect.ismodule(impl) and isinstance(path, str):
+        stem = os.path.splitext(os.path.basename(path))[0]
+        lines += ["import sys", f"sys.path.insert(0, {os.path.dirname(os.path.abspath(path))!r})",
+                  f"from {stem} import {names}"]
+    else:
+        lines.append(f"# {names}: the classes of the implementation under test")
+    return lines
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    """Judged calls, the script, and the pool checks; ``impl``, ``part`` and ``disabled`` are bound by ``bind``."""
+
+    impl: Any = None
+    part = ""
+    disabled: frozenset[str] = frozenset()
+    header: tuple[str, ...] = ()
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.halted = False
+        self.failed = False
+        self.script: list[str] = list(self.header)
+        self.pool: Any = None
+        self.oracle = PoolOracle(1, 1)  # replaced by start_pool
+        self.started = False
+        self.binding: dict[int, Any] = {}  # oracle page -> the implementation's page id
+
+    # ------------------------------------------------------------- verdicts
+
+    def fail(self, clause: str, message: str, *replay: str) -> None:
+        """Raise the violation of ``clause`` (or halt if it is disabled); ``replay`` ends the script."""
+        assert clause in PART_CLAUSES[self.part], f"{clause} is not a clause of the {self.part} part"
+        if clause in self.disabled:
+            raise _Halted(clause)
+        self.failed = True
+        raise LifecycleViolation(clause, message, "\n".join([*self.script, *replay]))
+
+    def record(self, line: str) -> None:
+        self.script.append(line)
+
+    def observe(self, clause: str, expr: str, fn: Callable[[], Any]) -> Any:
+        """Evaluate a read of the implementation's state; an exception violates ``clause``."""
+        try:
+            return fn()
+        except Exception as exc:
+            self.fail(clause, f"{expr} raised {type(exc).__name__}: {exc}", expr)
+
+    def call(self, clause: str, code: str, fn: Callable[..., Any], *args: Any, why: str = "",
+             capture: bool = False) -> Any:
+        """Run a call that must not raise; record it (as ``_ = code`` with ``capture``) and return its result."""
+        try:
+            result = fn(*args)
+        except Exception as exc:
+            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}{why and f' ({why})'}", code)
+        self.record(f"_ = {code}" if capture else code)
+        return result
+
+    def must_raise(self, clause: str, code: str, fn: Callable[..., Any], *args: Any,
+                   expected: tuple[type[BaseException], ...], returns: tuple[Any, ...] = (), why: str = "") -> Any:
+        """Run a call that must raise one of ``expected`` (or return one of ``returns``, by identity)."""
+        try:
+            result = fn(*args)
+        except expected as exc:
+            self.record(f"with suppress({_exception_name(type(exc))}): {code}")
+            return exc
+        except Exception as exc:
+            allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
+            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}",
+                      code)
+        if any(result is value for value in returns):
+            self.record(code)
+            return result
+        allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
+        self.fail(clause, f"{code} returned {result!r}; expected it to raise {allowed}{why and f' ({why})'}",
+                  f"try: _ = {code}", f"except ({', '.join(_exception_name(t) for t in expected)},): pass",
+                  f"else: raise AssertionError(f'returned {{_!r}}, expected {allowed}')")
+        return None
+
+    def expect(self, ok: bool, clause: str, message: str, replay: str) -> None:
+        if not ok:
+            self.fail(clause, message, replay)
+
+    def expect_result(self, clause: str, code: str, got: Any, want: Any, why: str = "") -> None:
+        """Judge the result of the last ``call(..., capture=True)``: ``got is want``."""
+        self.expect(got is want, clause, f"{code} returned {got!r}, expected {want!r}{why and f' ({why})'}",
+                    f"assert _ is {want!r}, _")
+
+    def attribute(self, clause: str, variable: str, obj: Any, name: str) -> Any:
+        return self.observe(clause, f"{variable}.{name}", lambda: getattr(obj, name))
+
+    # ------------------------------------------------------------------ pool
+
+    def start_pool(self, capacity: int, block_size: int) -> None:
+        code = f"pool = PagedKV({capacity}, {block_size})"
+        self.pool = self.observe(PC, code, lambda: self.impl.PagedKV(capacity, block_size))
+        self.record(code)
+        self.oracle = PoolOracle(capacity, block_size)
+        self.started = True
+
+    def readable(self) -> list[Hashable]:
+        """Owners whose rows the oracle knows (every owner but an unpublished transfer destination)."""
+        return [owner for owner in self.oracle.tables if not self.oracle.has_placeholders(owner)]
+
+    def expect_free(self, clause: str, context: str) -> None:
+        got = self.observe(clause, "len(pool.free)", lambda: len(self.pool.free))
+        want = self.oracle.free()
+        self.expect(got == want, clause,
+                    f"after {context}: len(pool.free) == {got}, expected {want} of {self.oracle.capacity}",
+                    f"assert len(pool.free) == {want}, len(pool.free)")
+
+    def expect_rows(self, clause: str, owner: Hashable, context: str) -> None:
+        got = self.observe(clause, f"pool.read({owner!r})", lambda: self.pool.read(owner))
+        want = self.oracle.history(owner)
+        self.expect(got == want, clause, f"after {context}: pool.read({owner!r}) == {got!r}, expected {want!r}",
+                    f"assert pool.read({owner!r}) == {want!r}, pool.read({owner!r})")
+
+    def expect_owners(self, clause: str, context: str) -> None:
+        """pool.tables and pool.transfers name exactly the oracle's owners and pins."""
+        for attr, want in (("tables", set(self.oracle.tables)), ("transfers", set(self.oracle.pins))):
+            got = self.observe(clause, f"set(pool.{attr})", lambda attr=attr: set(getattr(self.pool, attr)))
+            self.expect(got == want, clause, f"after {context}: set(pool.{attr}) == {got!r}, expected {want!r}",
+                        f"assert set(pool.{attr}) == {want!r}, set(pool.{attr})")
+
+    def expect_frozen_pins(self, clause: str, context: str) -> None:
+        """Every pin's pages still read the rows the oracle says they hold."""
+        for name in self.oracle.pins:
+            expr = f"[t for p in pool.transfers[{name!r}] for t in pool.pages[p].tokens]"
+            got = self.observe(clause, expr, lambda name=name: [
+                t for p in self.pool.transfers[name] for t in self.pool.pages[p].tokens])
+            want = self.oracle.pinned_rows(name)
+            self.expect(_matches(got, want), clause, f"after {context}: pin {name!r} reads {got!r}, expected {want!r}",
+                        f"assert {expr} == {want!r}")
+
+    def pool_create(self, owner: Hashable, clause: str = "lifecycle.owner_names") -> None:
+        self.call(clause, f"pool.create({owner!r})", self.pool.create, owner)
+        self.oracle.create(owner)
+
+    def pool_release(self, owner: Hashable, clause: str) -> None:
+        code = f"pool.release({owner!r})"
+        self.call(clause, code, self.pool.release, owner)
+        self.oracle.release(owner)
+        self.expect_free(clause, code)
+
+    def pool_append(self, owner: Hashable, token: int, others: str = "lifecycle.cow_isolation") -> bool:
+        """Append one row on both sides; judge the outcome, every readable owner, every pin and the free count."""
+        code = f"pool.append({owner!r}, {token!r})"
+        free = self.oracle.free()
+        needs, copies = self.oracle.needs_page(owner), self.oracle.copies_tail(owner)
+        why = (f"{'copying the shared or pinned partial tail' if copies else 'a new page' if needs else 'no page'} "
+               f"needed, {free} free")
+        clause = "lifecycle.append_atomic"
+        if needs and not free:
+            self.must_raise(clause, code, self.pool.append, owner, token, expected=(MemoryError,), why=why)
+        else:
+            self.call(clause, code, self.pool.append, owner, token, why=why)
+            self.oracle.append(owner, token)
+        self.expect_rows(clause, owner, code)
+        for other in self.readable():
+            if other != owner:
+                self.expect_rows(others, other, code)
+        self.expect_frozen_pins(others, code)
+        self.expect_free(clause, code)
+        return not (needs and not free)
+
+    def pool_append_all(self, owner: Hashable, tokens: list[int]) -> int:
+        """Append rows one by one until the first MemoryError; return how many were written."""
+        for written, token in enumerate(tokens):
+            if not self.pool_append(owner, token):
+                return written
+        return len(tokens)
+
+    def pool_pin(self, owner: Hashable, name: Hashable) -> None:
+        code = f"pool.pin({owner!r}, {name!r})"
+        clause = "lifecycle.pin_retains"
+        got = self.call(clause, code, self.pool.pin, owner, name, capture=True)
+        want = self.observe(clause, f"pool.tables[{owner!r}]", lambda: tuple(self.pool.tables[owner]))
+        ok = isinstance(got, (tuple, list)) and tuple(got) == want
+        self.expect(ok, clause,
+                    f"{code} returned {got!r}, expected the owner's page ids {want!r}",
+                    f"assert tuple(_) == tuple(pool.tables[{owner!r}]), _")
+        self.oracle.pin(owner, name)
+        self.expect_free(clause, code)
+
+    def pool_unpin(self, name: Hashable, clause: str = "lifecycle.pin_retains") -> None:
+        code = f"pool.unpin({name!r})"
+        self.call(clause, code, self.pool.unpin, name)
+        self.oracle.unpin(name)
+        self.expect_free(clause, code)
+
+    # ------------------------------------------------------------ invariants
+
+    def check_views(self, context: str) -> None:
+        """The published views against the oracle, up to the choice of page ids."""
+        pool, oracle = self.pool, self.oracle
+        free = self.observe(PC, "list(pool.free)", lambda: list(pool.free))
+        self.expect(len(set(free)) == len(free), PC, f"after {context}: pool.free lists a page twice: {free!r}",
+                    "assert len(set(pool.free)) == len(pool.free), pool.free")
+        pages = self.observe(PC, "dict(pool.pages)", lambda: dict(pool.pages))
+        both = sorted(set(free) & set(pages), key=repr)
+        self.expect(not both, PC, f"after {context}: pages {both!r} are in pool.free and in pool.pages",
+                    "assert not set(pool.free) & set(pool.pages)")
+        self.expect_free(PC, context)
+        self.expect_owners(PV, context)
+        live = set(oracle.rows)
+        self.binding = {page: pid for page, pid in self.binding.items() if page in live}
+        taken = {pid: page for page, pid in self.binding.items()}
+        views = [(f"pool.tables[{owner!r}]", table, "tables", owner) for owner, table in oracle.tables.items()]
+        views += [(f"pool.transfers[{name!r}]", held, "transfers", name) for name, held in oracle.pins.items()]
+        for expr, want, attr, name in views:
+            got = self.observe(PV, expr, lambda attr=attr, name=name: list(getattr(pool, attr)[name]))
+            self.expect(len(got) == len(want), PV, f"after {context}: {expr} == {got!r}, expected {len(want)} pages",
+                        f"assert len({expr}) == {len(want)}, {expr}")
+            for index, (page, pid) in enumerate(zip(want, got)):
+                known = self.binding.get(page)
+                if known is None:
+                    self.expect(pid not in taken, PV,
+                                f"after {context}: {expr}[{index}] is page {pid!r}, which holds other rows",
+                                f"assert {expr}[{index}] != {pid!r}")
+                    self.binding[page], taken[pid] = pid, page
+                else:
+                    self.expect(pid == known, PV,
+                                f"after {context}: {expr}[{index}] is page {pid!r}, expected the shared page {known!r}",
+                                f"assert {expr}[{index}] == {known!r}, {expr}")
+        held = set(taken)
+        self.expect(set(pages) == held, PC,
+                    f"after {context}: pool.pages holds {sorted(pages, key=repr)!r}, expected the held pages "
+                    f"{sorted(held, key=repr)!r}", f"assert set(pool.pages) == {held!r}, set(pool.pages)")
+        for page, pid in self.binding.items():
+            for field, want in (("owners", oracle.owners_of(page)), ("pins", oracle.pins_of(page))):
+                expr = f"pool.pages[{pid!r}].{field}"
+                got = self.observe(PV, expr, lambda pid=pid, field=field: set(getattr(pages[pid], field)))
+                self.expect(got == want, PV, f"after {context}: {expr} == {got!r}, expected {want!r}",
+                            f"assert set({expr}) == {want!r}, {expr}")
+            expr = f"pool.pages[{pid!r}].tokens"
+            got = self.observe(PV, expr, lambda pid=pid: list(pages[pid].tokens))
+            self.expect(_matches(got, oracle.rows[page]), PV,
+                        f"after {context}: {expr} == {got!r}, expected {oracle.rows[page]!r}",
+                        f"assert list({expr}) == {oracle.rows[page]!r}, {expr}")
+
+    @invariant()
+    @judged
+    def pool_consistent(self) -> None:
+        if not self.started:
+            return
+        self.check_views("the last step")
+        for owner in self.readable():
+            self.expect_rows("lifecycle.read_matches_history", owner, "the last step")
+        self.observe("lifecycle.self_check", "pool.check()", self.pool.check)
+
+    # -------------------------------------------------------------- teardown
+
+    def cleanup(self) -> None:
+        """Drop what the run still holds, through the implementation and the oracle (subclasses extend it)."""
+
+    def teardown(self) -> None:
+        if self.failed or self.halted or not self.started:
+            return
+        try:
+            self.record("# teardown")
+            self.cleanup()
+            assert not self.oracle.rows, "oracle bug: cleanup left pages in use"
+            self.expect_free("lifecycle.teardown_frees_all", "teardown")
+            self.expect_owners("lifecycle.teardown_frees_all", "teardown")
+            pages = self.observe("lifecycle.teardown_frees_all", "pool.pages", lambda: len(self.pool.pages))
+            self.expect(pages == 0, "lifecycle.teardown_frees_all", f"after teardown pool.pages holds {pages} pages",
+                        "assert not pool.pages, pool.pages")
+        except _Halted:
+            self.halted = True
+
+
+def bind(base: type[LifecycleMachine], part: str, impl: object,
+         disabled: frozenset[str] = frozenset()) -> type[RuleBasedStateMachine]:
+    """A machine class for ``part`` bound to ``impl``; violations of ``disabled`` clauses halt a run instead."""
+    unknown = disabled - set(LIFECYCLE_CLAUSES)
+    if unknown:
+        raise ValueError(f"unknown lifecycle clauses {sorted(unknown)}")
+    attrs = {"impl": impl, "part": part, "disabled": frozenset(disabled), "header": tuple(import_lines(impl)),
+             "__doc__": base.__doc__, "__module__": base.__module__}
+    return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
+

@@ -1,0 +1,216 @@
+"""The ``http://`` implementation: replay a trace against an OpenAI-compatible streaming server.
+
+``--cbatch-impl=http://HOST:PORT[/v1]`` (completions route) or
+``http://HOST:PORT/v1/chat/completions`` (chat route).  One trace tick lasts
+``tick_seconds`` (``--cbatch-tick-seconds``, default 0.05).
+
+* An arrival at tick t is sent at (or just after) ``t * tick_seconds``: a
+  prompt of ``prompt_tokens`` distinct pseudo-random integer words seeded by
+  the request id, ``max_tokens = output_tokens``, ``ignore_eos``, streaming
+  with usage.  Its ``arrival`` event is the send moment, and TTFT runs from it.
+* A cancel at tick t acts at (or just after) ``t * tick_seconds``: a stream
+  still open is closed (``cancelled``); a stream that already ended answers
+  ``cancel_ignored`` with the status it ended with.
+* ``token`` events: one per token with ``output_index`` 1, 2, 3, ... (the
+  tokens of one data frame share its timestamp; when the server sends its
+  running usage count in every frame, the indices are the ones it claims, so
+  a repeated frame shows as a repeated index).  ``finished`` when the stream
+  ends with ``[DONE]``, stamped at the last token's frame; ``rejected`` for an
+  HTTP error, a refused connection, a malformed stream or one that ended
+  without ``[DONE]`` (the event's ``reason`` says which).
+
+Capabilities, honestly: a client cannot set a server's capacity, block size,
+budgets, policy or admission.  Scheduler settings are recorded in the
+report's config as asked (with ``tick_seconds``), never as the server's real
+ones, which stay unknown.  Workloads with ``admission="optimistic"`` are
+refused as unsupported: they exist to force preemption, which a client
+cannot cause, so they would only repeat plain traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from typing import Any, Mapping
+from urllib.parse import urlsplit
+
+from ..impls import Implementation, ImplementationError, Refused
+from ..reference.scheduler_sim import validate_config, validate_trace
+from . import LiveError, MissingExtra, metrics, require
+from .client import Stream, build_payload, first_model, prompt_words, session, stream, url_for
+
+__all__ = ["HttpImplementation", "replay", "OBSERVED", "TIME_UNIT"]
+
+TIME_UNIT = "seconds"
+OBSERVED = ("arrival", "token", "finished", "cancelled", "cancel_ignored", "rejected")
+_RANK = {"arrival": 0, "token": 1, "finished": 2, "cancelled": 2, "rejected": 2, "cancel_ignored": 3}
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``(base_url, api)`` of an ``http(s)://`` SPEC; ImplementationError for anything else."""
+    parts = urlsplit(spec)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ImplementationError(f"--cbatch-impl {spec}: expected http://HOST:PORT[/v1]")
+    path = parts.path.rstrip("/")
+    api = "completions"
+    for suffix, name in (("/chat/completions", "chat"), ("/completions", "completions")):
+        if path.endswith(suffix):
+            path, api = path[: -len(suffix)], name
+            break
+    if path not in ("", "/v1"):
+        raise ImplementationError(f"--cbatch-impl {spec}: the path must be empty, /v1, /v1/completions or "
+                                  f"/v1/chat/completions, got {parts.path!r}")
+    return f"{parts.scheme}://{parts.netloc}{path}", api
+
+
+class HttpImplementation(Implementation):
+    """A live server, driven over HTTP; reports carry ``time_unit: "seconds"``."""
+
+    def __init__(self, spec: str, *, tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0) -> None:
+        try:
+            require("aiohttp", f"--cbatch-impl {spec}")
+        except MissingExtra as exc:
+            raise ImplementationError(str(exc)) from None
+        if not (isinstance(tick_seconds, (int, float)) and math.isfinite(tick_seconds) and tick_seconds > 0):
+            raise ImplementationError(f"--cbatch-tick-seconds must be a positive number, got {tick_seconds!r}")
+        self.spec = spec
+        self.base_url, self.api = split_spec(spec)
+        self.tick_seconds = float(tick_seconds)
+        self.timeout = timeout
+        self.seed = seed
+        self.source = f"live server {self.base_url} ({self.api} route), {self.tick_seconds:g} s per tick"
+        self.namespace = None
+
+    def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
+        if config.get("admission") == "optimistic":
+            return (f"{self.spec} is a live server: a client cannot make it preempt, so optimistic-admission "
+                    f"workloads would only repeat plain traffic")
+        return None
+
+    def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+        try:
+            lines = validate_trace(trace)
+            validate_config(config)
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        try:
+            return run_coroutine(replay(lines, config, self.base_url, api=self.api, tick_seconds=self.tick_seconds,
+                                        timeout=self.timeout, seed=self.seed))
+        except LiveError as exc:
+            raise Refused(str(exc)) from None
+
+
+def run_coroutine(coro: Any) -> Any:
+    """``asyncio.run(coro)``, in a helper thread when this thread already runs an event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = asyncio.run(coro)
+        except BaseException as exc:   # re-raised in the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_url: str, *, api: str = "completions",
+                 tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0) -> dict[str, Any]:
+    """Replay a validated, time-sorted ``trace`` and return the client-side report (module docstring)."""
+    url = url_for(base_url, "/chat/completions" if api == "chat" else "/completions")
+    async with session(timeout) as client:
+        model = await first_model(client, base_url)
+        origin = time.perf_counter()
+
+        def clock() -> float:
+            return time.perf_counter() - origin
+
+        events: list[dict[str, Any]] = []
+        streams: dict[str, Stream] = {}
+        tasks: dict[str, asyncio.Task[Stream]] = {}
+        cancelled: dict[str, float] = {}
+        for line in trace:
+            delay = line["time"] * tick_seconds - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            now, rid = clock(), line["id"]
+            if line["event"] == "arrival":
+                state = streams[rid] = Stream(url, sent=now, prompt_tokens=line["prompt_tokens"])
+                payload = build_payload(api, model, prompt_words(seed, rid, line["prompt_tokens"]),
+                                        line["output_tokens"])
+                events.append({"time": now, "event": "arrival", "id": rid})
+                tasks[rid] = asyncio.create_task(stream(client, url, payload, state, clock))
+                continue
+            state = streams[rid]
+            if rid in cancelled or state.done or state.error:
+                status = "cancelled" if rid in cancelled else _status(state)
+                events.append({"time": now, "event": "cancel_ignored", "id": rid, "status": status})
+                continue
+            tasks[rid].cancel()
+            cancelled[rid] = now
+            events.append({"time": now, "event": "cancelled", "id": rid})
+        await asyncio.wait(list(tasks.values()), timeout=timeout + 5.0)
+        for task in tasks.values():
+            task.cancel()
+        await asyncio.gather(*tasks.values(), return_exceptions=True)
+        duration = clock()
+    requests = {}
+    for rid, state in streams.items():
+        row, own = _request(rid, state, cancelled.get(rid))
+        requests[rid] = row
+        events += own
+    events.sort(key=lambda e: (e["time"], _RANK[e["event"]]))
+    counts = {k: sum(1 for r in requests.values() if r["status"] == k) for k in ("finished", "cancelled", "rejected")}
+    return {
+        "schema_version": 1,
+        "time_unit": TIME_UNIT,
+        "observed": list(OBSERVED),
+        "config": {**config, "tick_seconds": tick_seconds},
+        "server": {"url": base_url, "api": api, "model": model},
+        "requests": requests,
+        "events": events,
+        "summary": {**counts, "duration": duration},
+    }
+
+
+def _status(state: Stream) -> str:
+    return "finished" if state.done and not state.error else "rejected"
+
+
+def _request(rid: str, state: Stream, cancelled_at: float | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The requests-table row of one stream and its token and terminal events."""
+    status = "cancelled" if cancelled_at is not None else _status(state)
+    own = [{"time": f.time, "event": "token", "id": rid, "output_index": f.first_index + k}
+           for f in state.frames for k in range(f.tokens)]
+    token_times = [e["time"] for e in own]
+    if status == "cancelled":
+        end = cancelled_at
+    elif status == "finished":
+        end = token_times[-1] if token_times else state.ended
+        own.append({"time": end, "event": "finished", "id": rid})
+    else:
+        end = state.ended if state.ended is not None else state.sent
+        reason = state.error or "the request did not complete"
+        own.append({"time": end, "event": "rejected", "id": rid, "reason": reason})
+    record = state.record(status)
+    row = {
+        "status": status, "arrival": state.sent, "admitted": None, "end": end,
+        "output_tokens": len(token_times), "token_times": token_times, "queue_ticks": None,
+        "ttft_ticks": metrics.ttft(record), "itl_ticks": metrics.itl(record),
+        "tpot": metrics.tpot(record) if status == "finished" else None,
+        "e2el": metrics.e2el(record) if status == "finished" else None,
+        "usage_completion_tokens": state.usage_tokens,
+    }
+    if state.error:
+        row["error"] = state.error
+    return row, own

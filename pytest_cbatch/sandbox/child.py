@@ -1,0 +1,249 @@
+"""The sandbox child: loads one submission and serves JSON-lines RPC on two pipe fds.
+
+Run as ``python -I child.py CONFIG_JSON`` by ``pytest_cbatch.sandbox.process``;
+standard library only, so the child never imports the kit: whatever a
+submission patches, it patches in this process alone, and every verdict is
+computed in the parent.  The same module gives the parent the value codec.
+
+CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
+(``resource`` names to ``[soft, hard]``) and ``load``: ``folder`` (put first
+on sys.path), ``files`` (module files to import, in priority order),
+``modules`` (importable names), ``attr`` (an attribute path on the first
+module, or null).  The first reply describes what was found.
+
+Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
+one reply line: ``{"ok": value}``, ``{"raised": {type, builtin, message}}``,
+``{"unsupported": message}`` (simulate raised NotImplementedError),
+``{"exited": code}`` (SystemExit) or ``{"memory": message}`` (MemoryError out
+of simulate).  Values are JSON with tags: ``{"$tuple": [...]}``,
+``{"$set": [...]}``, ``{"$dict": [[key, value], ...]}``, and ``{"$handle": n,
+"$type": name}`` for any other object, which stays in the child.
+"""
+
+from __future__ import annotations
+
+import builtins
+import collections.abc
+import importlib.util
+import inspect
+import json
+import numbers
+import os
+import resource
+import sys
+import traceback
+from typing import Any, Callable
+
+PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
+
+
+def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
+    """Tagged JSON for ``value``; ``handle(obj)`` encodes an object that is not plain data."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, tuple):
+        return {"$tuple": [encode(v, handle) for v in value]}
+    if isinstance(value, (list, collections.deque, range)):
+        return [encode(v, handle) for v in value]
+    if isinstance(value, collections.abc.Set):
+        return {"$set": [encode(v, handle) for v in value]}
+    if isinstance(value, collections.abc.Mapping):
+        return {"$dict": [[encode(k, handle), encode(v, handle)] for k, v in value.items()]}
+    return handle(value)
+
+
+def decode(value: Any, handle: Callable[[dict[str, Any]], Any]) -> Any:
+    """The inverse of ``encode``; ``handle(tag)`` turns a ``$handle`` tag into an object."""
+    if isinstance(value, list):
+        return [decode(v, handle) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if "$tuple" in value:
+        return tuple(decode(v, handle) for v in value["$tuple"])
+    if "$set" in value:
+        return {decode(v, handle) for v in value["$set"]}
+    if "$dict" in value:
+        return {decode(k, handle): decode(v, handle) for k, v in value["$dict"]}
+    if "$handle" in value:
+        return handle(value)
+    raise ValueError(f"untagged object in RPC value: {sorted(value)[:5]}")
+
+
+def _json_default(obj: Any) -> Any:
+    """json.dumps fallback for a report: numbers as numbers, anything else as a visible marker."""
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    if isinstance(obj, (tuple, set, frozenset)):
+        return list(obj)
+    return f"<not JSON: {type(obj).__name__}>"
+
+
+class Server:
+    """Holds the submission's namespace and the objects handed out by handle."""
+
+    def __init__(self, names: dict[str, Any]) -> None:
+        self.names = names
+        self.objects: dict[int, Any] = {}
+        self.by_id: dict[int, int] = {}
+        self.next_handle = 1
+
+    def handle(self, obj: Any) -> dict[str, Any]:
+        number = self.by_id.get(id(obj))
+        if number is None or self.objects.get(number) is not obj:
+            number = self.next_handle
+            self.next_handle += 1
+            self.objects[number] = obj
+            self.by_id[id(obj)] = number
+        kind = "class" if inspect.isclass(obj) else ("callable" if callable(obj) else "object")
+        return {"$handle": number, "$type": type(obj).__name__, "$kind": kind}
+
+    def obj(self, tag: dict[str, Any]) -> Any:
+        number = tag["$handle"]
+        if number not in self.objects:
+            raise LookupError(f"no remote object #{number} (released, or from before a restart)")
+        return self.objects[number]
+
+    def drop(self, numbers_: list[int]) -> None:
+        for number in numbers_:
+            obj = self.objects.pop(number, None)
+            if obj is not None and self.by_id.get(id(obj)) == number:
+                del self.by_id[id(obj)]
+
+    def out(self, value: Any) -> Any:
+        return encode(value, self.handle)
+
+    def into(self, value: Any) -> Any:
+        return decode(value, self.obj)
+
+    def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.drop(request.get("drop", []))
+        op = request["op"]
+        if op == "simulate":
+            return self.simulate(request["trace"], request["config"])
+        if op == "new":
+            target = self.names[request["name"]]
+        else:
+            target = self.obj(request["target"])
+        args = self.into(request.get("args", []))
+        kwargs = self.into({"$dict": request.get("kwargs", [])})
+        if op in ("new", "call"):
+            fn = target if op == "new" or request.get("method") is None else getattr(target, request["method"])
+            return {"ok": self.out(fn(*args, **kwargs))}
+        if op == "getattr":
+            name = request["name"]
+            on_class = inspect.getattr_static(type(target), name, None)
+            if inspect.isfunction(on_class) and name not in getattr(target, "__dict__", {}):
+                return {"ok": None, "method": True}
+            return {"ok": self.out(getattr(target, name))}
+        if op == "dunder":
+            name = request["name"]
+            if name == "__iter__":
+                return {"ok": self.out(list(target))}
+            return {"ok": self.out(getattr(target, name)(*args))}
+        raise ValueError(f"unknown op {op!r}")
+
+    def simulate(self, trace: list[Any], config: dict[str, Any]) -> dict[str, Any]:
+        before = json.dumps([trace, config], sort_keys=True)
+        try:
+            report = self.names["simulate"](trace, **config)
+        except NotImplementedError as exc:
+            return {"unsupported": f"NotImplementedError: {exc}"}
+        except MemoryError as exc:
+            return {"memory": f"MemoryError: {exc}"}
+        reply: dict[str, Any] = {"ok": json.loads(json.dumps(report, default=_json_default))}
+        if json.dumps([trace, config], sort_keys=True, default=_json_default) != before:
+            reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
+            reply["config"] = json.loads(json.dumps(config, default=_json_default))
+        return reply
+
+
+def raised(exc: BaseException) -> dict[str, Any]:
+    base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
+    message = str(exc)
+    return {"raised": {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}}
+
+
+def _load_file(path: str) -> Any:
+    name = os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {os.path.basename(path)} as Python")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so `from scheduler_sim import PagedKV` in a sibling finds this one
+    spec.loader.exec_module(module)
+    return module
+
+
+def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Import the submission; return its namespace (name -> object) and the description for the parent."""
+    if spec.get("folder"):
+        sys.path.insert(0, spec["folder"])
+    modules = [(os.path.basename(p), _load_file(p)) for p in spec.get("files", [])]
+    modules += [(m, importlib.import_module(m)) for m in spec.get("modules", [])]
+    if spec.get("attr"):
+        target = modules[0][1]
+        for part in spec["attr"].split("."):
+            target = getattr(target, part)
+        modules = [(f"{modules[0][0]}:{spec['attr']}", target)]
+    names: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for label, target in modules:
+        fn = target if callable(target) and not inspect.ismodule(target) and not inspect.isclass(target) else None
+        candidates = {"simulate": fn or getattr(target, "simulate", None)}
+        candidates.update({part: getattr(target, part, None) for part in PARTS})
+        for name, value in candidates.items():
+            if name not in names and callable(value):
+                names[name], sources[name] = value, label
+    described: dict[str, Any] = {"parts": [p for p in PARTS if p in names], "sources": sources, "simulate": None}
+    if "simulate" in names:
+        try:
+            params = inspect.signature(names["simulate"]).parameters.values()
+            accepted = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            described["simulate"] = {"accepted": accepted, "open": any(p.kind is p.VAR_KEYWORD for p in params)}
+        except (TypeError, ValueError):
+            described["simulate"] = {"accepted": [], "open": True}
+    return names, described
+
+
+def _apply_limits(limits: dict[str, list[int]]) -> None:
+    for name, (soft, hard) in limits.items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+
+
+def main(argv: list[str]) -> int:
+    config = json.loads(argv[1])
+    _apply_limits(config["limits"])
+    reader = os.fdopen(config["rpc_in"], "rb")
+    writer = os.fdopen(config["rpc_out"], "wb")
+
+    def send(reply: dict[str, Any]) -> None:
+        writer.write(json.dumps(reply, default=_json_default).encode() + b"\n")
+        writer.flush()
+
+    try:
+        names, described = load(config["load"])
+    except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
+        tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]
+        send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": "".join(tail)[-3000:]})
+        return 0
+    send({"ok": described})
+    server = Server(names)
+    for line in reader:
+        try:
+            reply = server.dispatch(json.loads(line))
+        except SystemExit as exc:
+            reply = {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
+        except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
+            reply = raised(exc)
+        send(reply)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,78 @@
+"""Resource limits for a sandboxed submission, and the environment it runs in."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping
+
+__all__ = ["Limits", "child_environment"]
+
+_MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one sandboxed submission may use.
+
+    ``call_seconds`` is the wall-clock limit of one call (a ``simulate`` run,
+    one lifecycle method call, or the start-up import); ``cpu_seconds``,
+    ``memory_mb`` (address space), ``processes`` and ``file_mb`` (largest file
+    written) are ``setrlimit`` limits of the child process, which is restarted
+    after any failure; ``output_kb`` bounds what it may print in all (stdout
+    and stderr together) before it is killed; ``reply_mb`` bounds one reply.
+    After ``max_failures`` consecutive failed calls of one kind (simulate or
+    lifecycle objects) the rest of that kind fail at once instead of each
+    waiting out its limit; ``submission_seconds`` caps the wall time of all
+    calls together.
+    """
+
+    call_seconds: float = 10.0
+    cpu_seconds: int = 120
+    memory_mb: int = 2048
+    processes: int = 64
+    file_mb: int = 16
+    output_kb: int = 1024
+    reply_mb: int = 64
+    max_failures: int = 3
+    submission_seconds: float = 900.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], where: str = "limits") -> "Limits":
+        """Limits from a mapping of field names (e.g. a rubric's ``[limits]`` table); ValueError names a bad key."""
+        known = {f.name: f.type for f in fields(cls)}
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{where}.{key}: must be a positive number, got {value!r}")
+        return cls(**values)
+
+    def rlimits(self) -> dict[str, list[int]]:
+        """``resource`` limit names to ``[soft, hard]``, as the child applies them before importing anything."""
+        return {
+            "RLIMIT_CPU": [int(self.cpu_seconds), int(self.cpu_seconds) + 1],
+            "RLIMIT_AS": [self.memory_mb * _MIB] * 2,
+            "RLIMIT_NPROC": [self.processes] * 2,
+            "RLIMIT_FSIZE": [self.file_mb * _MIB] * 2,
+            "RLIMIT_CORE": [0, 0],
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        return (f"{self.call_seconds:g} s per call, {self.cpu_seconds} s CPU, {self.memory_mb} MiB address space, "
+                f"{self.processes} processes, {self.file_mb} MiB per file, {self.output_kb} KiB of output")
+
+
+def child_environment(home: str) -> dict[str, str]:
+    """A minimal environment: no variable of the grader's (tokens, paths to hidden traces) reaches the child."""
+    return {
+        "PATH": os.defpath,
+        "HOME": home,
+        "TMPDIR": home,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+    }

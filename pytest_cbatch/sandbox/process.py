@@ -1,0 +1,302 @@
+"""One sandboxed child process per submission, restarted after any failure.
+
+``Sandbox.request(message, family)`` sends one RPC request and returns the
+child's reply, or raises ``SandboxFailure`` saying what went wrong: a call
+past its wall-clock limit, a child that died (its signal or exit status), a
+flood of output, a reply that is not one JSON line, or a submission whose
+previous calls of that family all failed (the breaker).  The child runs in a
+fresh temporary working directory holding a copy of the submission, with a
+scrubbed environment, its own session (killed as a whole), and rlimits it
+applies to itself before importing anything of the submission.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .limits import Limits, child_environment
+
+__all__ = ["LoadSpec", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
+
+CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
+_COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
+_MAX_COPY_BYTES = 64 << 20
+_OUTPUT_KEPT = 4096  # bytes of the child's output kept for messages
+_SIGNALS = {
+    signal.SIGXCPU: "exceeded its CPU-time limit",
+    signal.SIGXFSZ: "wrote a file past the file-size limit",
+    signal.SIGKILL: "was killed (SIGKILL)",
+    signal.SIGSEGV: "crashed (SIGSEGV)",
+    signal.SIGABRT: "aborted (SIGABRT)",
+}
+
+
+class SandboxFailure(Exception):
+    """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What the child imports: files from a copied folder, or module names from the environment."""
+
+    folder: str | None = None          # a folder (or one file) copied into the working directory
+    files: tuple[str, ...] = ()        # file names inside ``folder``, imported in this order
+    modules: tuple[str, ...] = ()      # importable module names
+    attr: str | None = None            # attribute path on the first module
+
+
+@dataclass
+class _Output:
+    """The child's stdout and stderr: the first bytes kept, the rest only counted."""
+
+    kept: bytearray = field(default_factory=bytearray)
+    total: int = 0
+
+    def add(self, data: bytes) -> None:
+        self.total += len(data)
+        room = _OUTPUT_KEPT - len(self.kept)
+        if room > 0:
+            self.kept += data[:room]
+
+    def tail_note(self) -> str:
+        if not self.total:
+            return ""
+        text = self.kept.decode("utf-8", "replace").strip()
+        more = f" (first {len(self.kept)} of {self.total} bytes)" if self.total > len(self.kept) else ""
+        return f"\n  its output{more}:\n    " + "\n    ".join(text.splitlines()[-12:])
+
+
+class Sandbox:
+    """A restartable child process running one submission; see the module docstring."""
+
+    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission") -> None:
+        self.load = load
+        self.limits = limits
+        self.label = label
+        self.generation = 0          # bumped on every start, so stale handles are recognised
+        self.description: dict[str, Any] | None = None
+        self.seconds_used = 0.0
+        self._failures: dict[str, list[str]] = {}
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._dir: str | None = None
+        self._rpc_out = self._rpc_in = -1
+        self._output = _Output()
+        self._buffer = bytearray()
+        self._selector: selectors.BaseSelector | None = None
+
+    # ----------------------------------------------------------- lifecycle
+
+    def describe(self) -> dict[str, Any]:
+        """Start the child if needed and return what it found (``parts``, ``sources``, ``simulate``)."""
+        if self._proc is None:
+            self._start()
+        assert self.description is not None
+        return self.description
+
+    def _start(self) -> None:
+        self.close()
+        self.generation += 1
+        self._dir = tempfile.mkdtemp(prefix="cbatch-sandbox-")
+        work, home = os.path.join(self._dir, "work"), os.path.join(self._dir, "home")
+        os.mkdir(home)
+        if self.load.folder:
+            _copy_submission(self.load.folder, work)
+        else:
+            os.mkdir(work)
+        p2c_r, p2c_w = os.pipe()
+        c2p_r, c2p_w = os.pipe()
+        config = {
+            "rpc_in": p2c_r, "rpc_out": c2p_w, "limits": self.limits.rlimits(),
+            "load": {"folder": work if self.load.folder else None,
+                     "files": [os.path.join(work, f) for f in self.load.files],
+                     "modules": list(self.load.modules), "attr": self.load.attr},
+        }
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)], cwd=work, env=child_environment(home),
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                pass_fds=(p2c_r, c2p_w), start_new_session=True,
+            )
+        finally:
+            os.close(p2c_r)
+            os.close(c2p_w)
+        self._rpc_out, self._rpc_in = p2c_w, c2p_r
+        os.set_blocking(self._rpc_out, False)
+        self._output = _Output()
+        self._buffer = bytearray()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._rpc_in, selectors.EVENT_READ, "rpc")
+        self._selector.register(self._proc.stdout, selectors.EVENT_READ, "output")
+        reply = self._exchange(None)
+        if "load_failed" in reply:
+            self.kill()
+            raise SandboxFailure("load", f"importing the {self.label} failed: {reply['load_failed']}\n"
+                                         f"{reply.get('traceback', '')}".rstrip())
+        self.description = reply.get("ok")
+        if not isinstance(self.description, dict):
+            self.kill()
+            raise SandboxFailure("garbage", f"the {self.label}'s start-up reply is not a description: {reply!r:.200}")
+
+    def kill(self) -> None:
+        """Kill the child's whole session and reap it; the next request starts a fresh child."""
+        proc, self._proc = self._proc, None
+        if self._selector is not None:
+            self._selector.close()
+            self._selector = None
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        for fd in (self._rpc_out, self._rpc_in):
+            if fd >= 0:
+                os.close(fd)
+        self._rpc_out = self._rpc_in = -1
+
+    def close(self) -> None:
+        """Kill the child and delete its working directory."""
+        self.kill()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # ------------------------------------------------------------- requests
+
+    def request(self, message: dict[str, Any], family: str, generation: int | None = None) -> dict[str, Any]:
+        """Send ``message``; return the reply dict or raise SandboxFailure (the child is then restarted lazily).
+
+        ``generation``: the message names objects of that child, so it fails when that child is gone.
+        """
+        if generation is not None and (self._proc is None or generation != self.generation):
+            raise SandboxFailure("died", f"the {self.label}'s objects are gone: its process was restarted after "
+                                         f"an earlier failure")
+        recent = self._failures.get(family, [])
+        if len(recent) >= self.limits.max_failures:
+            raise SandboxFailure("breaker", f"not run: the {self.label}'s last {len(recent)} {family} calls all "
+                                            f"failed (the last: {recent[-1]})")
+        if self.seconds_used >= self.limits.submission_seconds:
+            raise SandboxFailure("breaker", f"not run: the {self.label} used up its "
+                                            f"{self.limits.submission_seconds:g} s of calls (limit submission_seconds)")
+        try:
+            if self._proc is None:
+                self._start()
+            reply = self._exchange(json.dumps(message).encode() + b"\n")
+        except SandboxFailure as exc:
+            self._failures.setdefault(family, []).append(str(exc).splitlines()[0])
+            self.kill()
+            raise
+        self._failures.pop(family, None)
+        if "exited" in reply:  # the child survived a SystemExit, but its state is suspect
+            self.kill()
+        return reply
+
+    def _exchange(self, payload: bytes | None) -> dict[str, Any]:
+        """Write ``payload`` (unless None) and read one reply line, draining output, within the call limit."""
+        assert self._proc is not None and self._proc.stdout is not None
+        start = time.monotonic()
+        deadline = start + self.limits.call_seconds
+        output_limit = self.limits.output_kb * 1024
+        reply_limit = self.limits.reply_mb << 20
+        pending = memoryview(payload or b"")
+        sel = self._selector
+        assert sel is not None
+        if pending:
+            sel.register(self._rpc_out, selectors.EVENT_WRITE, "write")
+        try:
+            while True:
+                newline = self._buffer.find(b"\n")
+                if newline >= 0:
+                    line = bytes(self._buffer[:newline])
+                    del self._buffer[: newline + 1]
+                    return self._parse(line)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise SandboxFailure("timeout", f"the {self.label} did not answer within "
+                                                    f"{self.limits.call_seconds:g} s (limit call_seconds)"
+                                         + self._output.tail_note())
+                for key, _ in sel.select(left):
+                    if key.data == "write":
+                        try:
+                            sent = os.write(self._rpc_out, pending)
+                        except BrokenPipeError:
+                            raise self._died() from None
+                        pending = pending[sent:]
+                        if not pending:
+                            sel.unregister(self._rpc_out)
+                    elif key.data == "output":
+                        data = os.read(self._proc.stdout.fileno(), 65536)
+                        if not data:
+                            sel.unregister(self._proc.stdout)
+                        self._output.add(data)
+                        if self._output.total > output_limit:
+                            raise SandboxFailure("flood", f"the {self.label} printed more than "
+                                                          f"{self.limits.output_kb} KiB (limit output_kb); killed"
+                                                 + self._output.tail_note())
+                    else:
+                        data = os.read(self._rpc_in, 1 << 20)
+                        if not data:
+                            raise self._died()
+                        self._buffer += data
+                        if len(self._buffer) > reply_limit:
+                            raise SandboxFailure("garbage", f"the {self.label}'s reply exceeds "
+                                                            f"{self.limits.reply_mb} MiB (limit reply_mb)")
+        finally:
+            if pending and self._rpc_out in sel.get_map():
+                sel.unregister(self._rpc_out)
+            self.seconds_used += time.monotonic() - start
+
+    def _parse(self, line: bytes) -> dict[str, Any]:
+        try:
+            reply = json.loads(line)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise SandboxFailure("garbage", f"the {self.label} wrote garbage on the RPC channel ({exc}): "
+                                            f"{line[:120]!r}") from None
+        if not isinstance(reply, dict):
+            raise SandboxFailure("garbage", f"the {self.label}'s RPC reply is not an object: {line[:120]!r}")
+        return reply
+
+    def _died(self) -> SandboxFailure:
+        assert self._proc is not None
+        try:
+            code = self._proc.wait(timeout=min(2.0, self.limits.call_seconds))
+        except subprocess.TimeoutExpired:
+            return SandboxFailure("died", f"the {self.label} closed its RPC channel" + self._output.tail_note())
+        if code < 0:
+            try:
+                what = _SIGNALS.get(signal.Signals(-code), f"was killed by {signal.Signals(-code).name}")
+            except ValueError:
+                what = f"was killed by signal {-code}"
+        else:
+            what = f"exited with status {code} (sys.exit or os._exit)"
+        return SandboxFailure("died", f"the {self.label} {what}" + self._output.tail_note())
+
+
+def _copy_submission(source: str, target: str) -> None:
+    if os.path.isfile(source):  # a one-file submission travels alone
+        os.mkdir(target)
+        shutil.copy2(source, target)
+        return
+    total = 0
+    for root, _dirs, files in os.walk(source):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if not os.path.islink(os.path.join(root, f)))
+        if total > _MAX_COPY_BYTES:
+            raise SandboxFailure("load", f"the submission folder holds more than {_MAX_COPY_BYTES >> 20} MiB")
+    shutil.copytree(source, target, ignore=_COPY_IGNORE, symlinks=True)

@@ -1,0 +1,204 @@
+"""The sandbox: a hostile or broken submission fails its own calls, never the grader."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_cbatch.impls import ImplementationError
+from pytest_cbatch.runner import ALL_CLAUSES, Judge
+from pytest_cbatch.sandbox import IsolatedImplementation, Limits, LoadSpec, SandboxFailure, load_spec_for
+from pytest_cbatch.workloads import WORKLOADS
+
+DEMO = WORKLOADS["demo"]
+FAST = Limits(call_seconds=3, output_kb=64, max_failures=2)
+
+_REFERENCE = "from pytest_cbatch.reference.scheduler_sim import simulate as _reference\n"
+
+
+@pytest.fixture
+def published_copy(tmp_path: Path) -> Path:
+    """The reference laid out as a student folder (the grading example's ``correct`` sample)."""
+    from grading_samples import make_samples
+
+    return make_samples(tmp_path / "samples", only=("correct",))[0]
+
+
+def isolated(tmp_path: Path, body: str, limits: Limits = FAST) -> IsolatedImplementation:
+    (tmp_path / "sub.py").write_text(textwrap.dedent(body), encoding="utf-8")
+    impl = IsolatedImplementation("sub.py", load_spec_for(str(tmp_path / "sub.py")), limits)
+    return impl
+
+
+def run_demo(impl: IsolatedImplementation):
+    return impl.run(list(DEMO.trace), DEMO.config)
+
+
+def test_a_correct_submission_passes_every_clause_through_the_sandbox(tmp_path: Path, published_copy: Path) -> None:
+    impl = IsolatedImplementation("correct", load_spec_for(str(published_copy)), FAST)
+    assert impl.sources["simulate"] == "scheduler_sim.py"
+    judge = Judge(impl)
+    verdicts = {cid: judge.judge(cid, list(DEMO.trace), DEMO.config).status for cid in ALL_CLAUSES
+                if cid != "invalid_input_refused"}
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    impl.close()
+
+
+@pytest.mark.parametrize("body,kind,words", [
+    ("import os\ndef simulate(events, **config):\n    os._exit(7)\n", "died", "exited with status 7"),
+    ("def simulate(events, **config):\n    while True:\n        pass\n", "timeout", "did not answer within 3 s"),
+    ("import sys\ndef simulate(events, **config):\n    sys.stdout.write('x' * (1 << 20))\n    return {}\n",
+     "flood", "printed more than 64 KiB"),
+    ("import json, os, sys\ndef simulate(events, **config):\n"
+     "    os.write(json.loads(sys.argv[1])['rpc_out'], b'not json\\n')\n    return {}\n",
+     "garbage", "garbage on the RPC channel"),
+])
+def test_a_broken_call_is_a_clear_failure_and_the_next_call_gets_a_fresh_child(
+    tmp_path: Path, body: str, kind: str, words: str
+) -> None:
+    impl = isolated(tmp_path, body)
+    start = time.monotonic()
+    out = run_demo(impl)
+    assert out.report is None and words in out.broken, out
+    assert time.monotonic() - start < FAST.call_seconds + 2
+    first_generation = impl.sandbox.generation
+    again = run_demo(impl)  # a fresh child: same failure, not a stale or dead channel
+    assert again.broken and words in again.broken
+    assert impl.sandbox.generation == first_generation + 1
+    third = run_demo(impl)  # the breaker: max_failures=2 in a row, so this one fails at once
+    assert third.broken.startswith("not run:") and words in third.broken
+    impl.close()
+
+
+def test_sys_exit_and_exceptions_are_not_refusals_unless_they_are(tmp_path: Path) -> None:
+    impl = isolated(tmp_path, """
+        import sys
+        def simulate(events, **config):
+            if config["capacity"] == 1:
+                sys.exit(2)
+            if config["capacity"] == 2:
+                raise NotImplementedError("no optimistic admission")
+            raise ValueError("bad trace line 1")
+    """)
+    assert "sys.exit(2)" in impl.run([], {"capacity": 1}).broken
+    assert impl.run([], {"capacity": 2}).unsupported
+    assert impl.run([], {"capacity": 3}).refused == "ValueError: bad trace line 1"
+    impl.close()
+
+
+def test_input_mutation_in_the_child_is_reported_like_in_process(tmp_path: Path) -> None:
+    impl = isolated(tmp_path, _REFERENCE + """
+def simulate(events, **config):
+    report = _reference(events, **config)
+    events[0]["time"] = 99
+    return report
+""")
+    out = run_demo(impl)
+    assert out.report is not None and out.mutated == "trace line 0 changed"
+    impl.close()
+
+
+def test_monkeypatching_the_kit_patches_only_the_childs_copy(tmp_path: Path) -> None:
+    impl = isolated(tmp_path, """
+        import pytest_cbatch.contract as contract
+        contract.check_report = lambda *args, **kwargs: []
+        def simulate(events, **config):
+            return {"garbage": True}
+    """)
+    result = Judge(impl).judge("schema_valid", list(DEMO.trace), DEMO.config)
+    assert result.status == "fail"
+    impl.close()
+
+
+def test_the_child_sees_a_scrubbed_environment_and_its_own_copy(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("CBATCH_GRADER_SECRET", "s3cret")
+    (tmp_path / "data.txt").write_text("original", encoding="utf-8")
+    impl = isolated(tmp_path, """
+        import os
+        def simulate(events, **config):
+            with open("data.txt", "w") as fh:
+                fh.write("rewritten")
+            raise ValueError(repr((sorted(os.environ), os.getcwd())))
+    """)
+    refused = impl.run([], {}).refused
+    assert "CBATCH_GRADER_SECRET" not in refused and "s3cret" not in refused
+    assert str(tmp_path) not in refused
+    assert (tmp_path / "data.txt").read_text(encoding="utf-8") == "original"
+    impl.close()
+
+
+def test_a_hang_kills_the_whole_process_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild.pid"
+    impl = isolated(tmp_path, f"""
+        import subprocess, time
+        def simulate(events, **config):
+            proc = subprocess.Popen(["sleep", "600"])
+            open({str(pidfile)!r}, "w").write(str(proc.pid))
+            time.sleep(600)
+    """, Limits(call_seconds=2, max_failures=1))
+    assert "did not answer" in run_demo(impl).broken
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    assert not _alive(pid)
+    impl.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+            return fh.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_remote_lifecycle_objects_behave_like_local_ones(tmp_path: Path) -> None:
+    impl = isolated(tmp_path, """
+        class Pool:
+            def __init__(self, capacity):
+                self.free = list(range(capacity))
+                self.tables = {}
+            def create(self, owner):
+                if owner in self.tables:
+                    raise ValueError(f"owner {owner!r} exists")
+                self.tables[owner] = Table(owner)
+                return self.tables[owner]
+        class Table:
+            def __init__(self, owner):
+                self.owner = owner
+        PagedKV = Pool
+    """)
+    pool = impl.namespace.PagedKV(3)
+    assert pool.free == [0, 1, 2] and pool.tables == {}
+    table = pool.create("a")
+    assert table.owner == "a" and pool.tables == {"a": table}
+    with pytest.raises(ValueError, match="owner 'a' exists"):
+        pool.create("a")
+    assert impl.unsupported_reason({}) and not hasattr(impl.namespace, "TransferManager")
+    impl.close()
+    with pytest.raises(SandboxFailure):
+        pool.free
+
+
+def test_an_unloadable_submission_is_one_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ImplementationError, match="SyntaxError"):
+        isolated(tmp_path, "def simulate(:\n")
+    with pytest.raises(ImplementationError, match="neither a callable 'simulate'"):
+        isolated(tmp_path, "x = 1\n")
+
+
+def test_load_spec_forms(tmp_path: Path) -> None:
+    (tmp_path / "scheduler_sim.py").write_text("", encoding="utf-8")
+    (tmp_path / "scheduler_faults.py").write_text("", encoding="utf-8")
+    (tmp_path / "test_mine.py").write_text("", encoding="utf-8")
+    assert load_spec_for(str(tmp_path)) == LoadSpec(str(tmp_path), ("scheduler_sim.py", "scheduler_faults.py"))
+    assert load_spec_for("reference") == LoadSpec(None, (), ("pytest_cbatch.reference",))
+    assert load_spec_for("pkg.mod:simulate") == LoadSpec(None, (), ("pkg.mod",), attr="simulate")
+    with pytest.raises(ImplementationError, match="exec:"):
+        load_spec_for("exec:./sched")
+    assert os.path.basename(load_spec_for(str(tmp_path / "scheduler_sim.py")).files[0]) == "scheduler_sim.py"
