@@ -16,8 +16,9 @@ Two backends compute it: ``"loop"``, a per-row gather + einsum reference in
 fp32/fp64 (the shape of vLLM's ``ref_paged_attn`` test oracle), and ``"sdpa"``,
 the engine's path, which splits the step as serving engines do: rows with
 several queries (prefill, recompute) go through one padded
-``scaled_dot_product_attention`` call with a boolean mask; one-query rows
-(decode) go through a hand-written split-KV kernel (FlashDecoding style):
+``scaled_dot_product_attention`` call with a boolean mask, one-query rows
+(decode) of up to ``SPLIT_KV_PARTITION`` keys through a second one, and longer
+decode rows through a hand-written split-KV kernel (FlashDecoding style):
 keys in partitions of ``SPLIT_KV_PARTITION``, a max-subtracted softmax per
 partition, partitions merged by log-sum-exp rescaling.
 """
@@ -164,6 +165,18 @@ class KVCache:
         return self.data[layer, 0], self.data[layer, 1]
 
 
+@dataclass(frozen=True)
+class _SdpaPlan:
+    """One padded SDPA call: gather ``slots [B, Lk]``, queries ``tokens [B, Lq]``, ``mask [B, 1, Lq, Lk]``;
+    ``keep`` selects the real queries of the flat output, which land at ``out_tokens``."""
+
+    slots: torch.Tensor
+    tokens: torch.Tensor
+    mask: torch.Tensor
+    keep: torch.Tensor
+    out_tokens: torch.Tensor
+
+
 class PagedAttention:
     """Causal attention of one step's ``T = num_actual_tokens`` queries over the paged cache.
 
@@ -192,16 +205,18 @@ class PagedAttention:
                                  meta.seq_lens.tolist()))
         else:
             qsl = meta.query_start_loc.long()
-            q_lens = qsl[1:] - qsl[:-1]
-            self._plan_prefill((q_lens > 1).nonzero().squeeze(1))
-            self._plan_decode((q_lens == 1).nonzero().squeeze(1))
+            q_lens, split = qsl[1:] - qsl[:-1], meta.seq_lens.long() > SPLIT_KV_PARTITION
+            groups = ((q_lens > 1), (q_lens == 1) & ~split)   # prefill rows; short decode rows
+            self.sdpa_plans = [self._plan_sdpa(rows) for rows in (g.nonzero().squeeze(1) for g in groups)
+                               if len(rows)]
+            self._plan_decode(((q_lens == 1) & split).nonzero().squeeze(1))
 
     def __call__(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         if self.backend == "loop":
             return self._loop(q, k_cache, v_cache)
         out = q.new_zeros(self.meta.num_actual_tokens, *q.shape[1:])
-        if self.prefill_tokens.numel():
-            out[self.prefill_tokens] = self._prefill(q, k_cache, v_cache)
+        for plan in self.sdpa_plans:
+            out[plan.out_tokens] = self._sdpa(plan, q, k_cache, v_cache)
         if self.decode_tokens.numel():
             out[self.decode_tokens] = self._decode(q, k_cache, v_cache)
         return out
@@ -235,39 +250,36 @@ class PagedAttention:
             1, (kpos // bs).clamp(max=table_width - 1).expand(len(rows), -1))
         return pages * bs + kpos % bs
 
-    def _plan_prefill(self, rows: torch.Tensor) -> None:
+    def _plan_sdpa(self, rows: torch.Tensor) -> "_SdpaPlan":
         meta = self.meta
         device = meta.seq_lens.device
         qsl = meta.query_start_loc.long()[rows]
         seq_lens = meta.seq_lens.long()[rows]
         q_lens = meta.query_start_loc.long()[rows + 1] - qsl
-        self.prefill_tokens = torch.empty(0, dtype=torch.long, device=device)
-        if not len(rows):
-            return
         lq, lk = int(q_lens.max()), max(int(seq_lens.max()), 1)
         kpos = torch.arange(lk, device=device)
-        self.slots = self._gather_plan(rows, lk)                                 # [B, Lk]
         j = torch.arange(lq, device=device)
         valid = j[None, :] < q_lens[:, None]                                     # [B, Lq]
-        self.tokens = (qsl[:, None] + j[None, :]).clamp(max=max(meta.num_actual_tokens - 1, 0))
+        tokens = (qsl[:, None] + j[None, :]).clamp(max=max(meta.num_actual_tokens - 1, 0))
         qpos = j[None, :] + ((seq_lens - q_lens)[:, None] if self.align == "bottom_right" else 0)
         mask = (kpos[None, None, :] <= qpos[:, :, None]) & (kpos[None, None, :] < seq_lens[:, None, None])
-        self.mask = mask[:, None]                                                # [B, 1, Lq, Lk]
-        self.keep = valid.flatten().nonzero().squeeze(1)   # padding queries are computed, then dropped
-        self.prefill_tokens = self.tokens.flatten()[self.keep]
+        keep = valid.flatten().nonzero().squeeze(1)   # padding queries are computed, then dropped
+        return _SdpaPlan(slots=self._gather_plan(rows, lk), tokens=tokens, mask=mask[:, None], keep=keep,
+                         out_tokens=tokens.flatten()[keep])
 
-    def _prefill(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _sdpa(plan: "_SdpaPlan", q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         kv_heads, hd = k_cache.shape[2:]
-        k = k_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)    # [B, KV, Lk, hd]
-        v = v_cache.reshape(-1, kv_heads, hd)[self.slots].transpose(1, 2)
-        qb = q[self.tokens].transpose(1, 2)                                    # [B, H, Lq, hd]
+        k = k_cache.reshape(-1, kv_heads, hd)[plan.slots].transpose(1, 2)    # [B, KV, Lk, hd]
+        v = v_cache.reshape(-1, kv_heads, hd)[plan.slots].transpose(1, 2)
+        qb = q[plan.tokens].transpose(1, 2)                                    # [B, H, Lq, hd]
         if _SDPA_HAS_GQA:
-            out = F.scaled_dot_product_attention(qb, k, v, attn_mask=self.mask, scale=hd ** -0.5, enable_gqa=True)
+            out = F.scaled_dot_product_attention(qb, k, v, attn_mask=plan.mask, scale=hd ** -0.5, enable_gqa=True)
         else:
             group = q.shape[1] // kv_heads
             out = F.scaled_dot_product_attention(qb, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
-                                                 attn_mask=self.mask, scale=hd ** -0.5)
-        return out.transpose(1, 2).flatten(0, 1)[self.keep]
+                                                 attn_mask=plan.mask, scale=hd ** -0.5)
+        return out.transpose(1, 2).flatten(0, 1)[plan.keep]
 
     def _plan_decode(self, rows: torch.Tensor) -> None:
         meta = self.meta

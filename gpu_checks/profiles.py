@@ -137,14 +137,15 @@ def _gpu_long() -> dict[str, tuple]:
     }
 
 
-def _common_stages(preset: str, all_bugs_quick: bool) -> list[Stage]:
+def _common_stages(preset: str) -> list[Stage]:
+    """The stages of the short workloads (``--quick`` cuts the kill matrix to ``QUICK_BUGS``)."""
     return [
         Stage("attention", preset=preset),
         Stage("attention", preset=preset, q_gain=32.0),
         *(Stage("schedule", w, preset) for w in ("mixed", "chunked", "preempt")),
         Stage("preemption", "preempt", preset),
         Stage("invariance", "chunked", preset),
-        Stage("kill", "preempt", preset, bugs=SHORT_BUGS, quick=all_bugs_quick),
+        Stage("kill", "preempt", preset, bugs=SHORT_BUGS),
     ]
 
 
@@ -154,20 +155,20 @@ PROFILES: dict[str, Profile] = {
     "cpu": Profile(
         name="cpu", preset="tiny", dtypes=("float64", "float32"), timing_dtype="float32", budget_s=600.0,
         timings=(("tiny", 1, 128), ("tiny", 8, 128), ("narrow", 8, 2048)),
-        stages=tuple(_common_stages("tiny", all_bugs_quick=False) + [
-            Stage("schedule", "long", "narrow", quick=True),
+        stages=tuple(_common_stages("tiny") + [
+            Stage("schedule", "long", "narrow"),
             Stage("schedule", "long", "narrow-hot", checks=("large_scores",)),
             Stage("preemption", "long-preempt", "narrow"),
-            Stage("kill", "long", "narrow", bugs=LONG_BUGS),
+            Stage("kill", "long", "narrow", bugs=LONG_BUGS, quick=False),
             Stage("kill", "long", "narrow-hot", checks=("large_scores",), bugs=LARGE_SCORE_BUGS,
-                  dtypes=_LOW_PRECISION),
+                  dtypes=_LOW_PRECISION, quick=False),
         ])),
     "gpu": Profile(
         # 360 s of stages and timings leave a minute of a 7-minute session for start-up and the JSON
         name="gpu", preset="gpu-small", dtypes=("bfloat16", "float32"), timing_dtype="bfloat16", budget_s=360.0,
         timings=(("gpu-small", 1, 8192), ("gpu-small", 64, 8192), ("gpu-small", 64, 32768),
                  ("perf-1b", 1, 32768), ("perf-1b", 64, 8192), ("perf-1b", 16, 32768)),
-        stages=tuple(_common_stages("gpu-small", all_bugs_quick=False) + [
+        stages=tuple(_common_stages("gpu-small") + [
             Stage("schedule", "long-gpu", "gpu-small", checks=("batched_vs_alone", "backend_parity", "page_reuse")),
             Stage("schedule", "batch64", "gpu-small", checks=("batched_vs_alone", "page_reuse", "row_order")),
             Stage("schedule", "batch64", "gpu-small-hot", checks=("large_scores",)),
@@ -252,7 +253,7 @@ def estimate(built: Built, dtypes: tuple[str, ...]) -> dict[str, Any]:
         width = math.ceil((context + 1) / 512) * 512
         gather = batch * width * 2 * cfg.n_kv_heads * cfg.head_dim * (2 + 4)
         peak = max(peak, batch * (context + 17) * kv_token + 2 * cfg.n_params + gather)
-    step_s = max(STEP_SECONDS.get(s.preset, 0.012) for s in built.stages if s.preset)
+    step_s = max((STEP_SECONDS.get(s.preset, 0.012) for s in built.stages if s.preset), default=0.0)
     seconds = (FIXED_SECONDS + steps * step_s + oracle_flops / FP64_FLOPS
                + TIMING_SECONDS * len(built.profile.timings))
     return {"profile": built.profile.name, "dtypes": list(dtypes), "stages": len(built.stages),

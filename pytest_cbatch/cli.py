@@ -137,11 +137,32 @@ def _schema(argv: list[str]) -> int:
     return 0
 
 
+def clause_table() -> str:
+    """The README's clause table (markdown), generated from the registry so the two never drift."""
+    from .contract import CLAUSES, RUNNER_CLAUSES
+    from .runner import COMPLETES_STATEMENT
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|") or "—"
+
+    rows = ["| id | statement | admits (legitimate choices it allows) | why |", "|---|---|---|---|",
+            f"| `completes` | {COMPLETES_STATEMENT} | — | Everything else is judged on the report; a crash or a refusal "
+            f"of valid input fails here, once. |"]
+    for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
+        rows.append(f"| `{c.id}` | {cell(c.statement)} | {cell(c.admits)} | {cell(c.why)} |")
+    return "\n".join(rows) + "\n"
+
+
 def _clauses(argv: list[str]) -> int:
     from .contract import CLAUSES, RUNNER_CLAUSES
     from .runner import COMPLETES_STATEMENT
 
-    argparse.ArgumentParser(prog="cbatch clauses", description="Print the contract clause table.").parse_args(argv)
+    parser = argparse.ArgumentParser(prog="cbatch clauses", description="Print the contract clause table.")
+    parser.add_argument("--markdown", action="store_true", help="the README's markdown table, with admits and why")
+    args = parser.parse_args(argv)
+    if args.markdown:
+        sys.stdout.write(clause_table())
+        return 0
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
         print(f"{c.id}: {c.statement}")

@@ -2,15 +2,23 @@
 
 SPEC forms, tried in this order:
 
+* ``http://HOST:PORT[/v1]`` — a live OpenAI-compatible server (the ``live`` extra).
 * ``exec:COMMAND`` — any language: the kit writes ``{"trace": [...], "config":
   {...}}`` as JSON on the command's stdin and reads the report JSON from its
   stdout.  Exit 0 means a report; exit 3 means "setting not supported" (stderr
   is the reason; the test is skipped); any other non-zero exit means the input
   was refused (stderr is the message).  Runs under a timeout.
-* ``path/to/file.py:attr`` — a Python file loaded without installing it.
+* ``path/to/file.py`` — that file as a module, loaded without installing it;
+  ``path/to/file.py:attr`` — an object in it.  The file's folder is first on
+  sys.path while it is imported, so ``from scheduler_sim import PagedKV``
+  beside it finds the sibling file.
 * ``package.module:attr`` — an importable object.
+* ``path/to/folder`` — a submission in the course's layout: its
+  ``scheduler_sim.py`` and/or ``scheduler_faults.py``, merged.
 * ``NAME`` — an entry point in the group ``pytest_cbatch.impls`` (engines
-  register themselves); ``reference`` is the built-in one.
+  register themselves); ``reference`` is the built-in one.  A bare name that
+  is no entry point may still be a folder, then a module.
+* ``package.module`` — that module.
 
 A Python implementation is a callable ``simulate(trace, **config) -> report``,
 or a module or object with a ``simulate`` attribute.  Its capabilities come
@@ -31,6 +39,7 @@ import shlex
 import subprocess
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -221,17 +230,26 @@ def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None
         return HttpImplementation(spec, tick_seconds=tick_seconds, timeout=timeout)
     if spec.startswith("exec:"):
         return ExecImplementation(spec, spec[len("exec:"):], timeout)
+    if spec.endswith(".py"):
+        return PythonImplementation(spec, _load_file(spec, spec, rootdir), f"file {spec}")
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         if where.endswith(".py"):
             return PythonImplementation(spec, _load_file_attr(spec, where, attr, rootdir), f"file {where}")
         return PythonImplementation(spec, _import_attr(spec, where, attr), f"module {where}")
+    looks_like_path = "/" in spec or os.sep in spec
+    if looks_like_path and os.path.isdir(_resolve_path(spec, spec, rootdir)):
+        return PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}")
     impls = available_impls()
     if spec in impls:
         target = impls[spec]
         module, _, attr = target.partition(":")
         obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
         return PythonImplementation(spec, obj, f"entry point {spec} = {target}")
+    if os.path.isdir(_resolve_path(spec, spec, rootdir)):
+        return PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}")
+    if all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]):
+        return PythonImplementation(spec, _import_module(spec, spec), f"module {spec}")
     raise ImplementationError(_unknown_spec_message(spec, impls))
 
 
@@ -240,7 +258,8 @@ def _unknown_spec_message(spec: str, impls: Mapping[str, str]) -> str:
     return (
         f"--cbatch-impl {spec!r} is not an installed implementation.\n"
         f"  installed ({ENTRY_POINT_GROUP} entry points): {names}\n"
-        f"  or give one of: package.module:attr | path/to/file.py:attr | exec:COMMAND"
+        f"  or give one of: package.module[:attr] | path/to/file.py[:attr] | path/to/folder/ | "
+        f"http://HOST:PORT | exec:COMMAND"
     )
 
 
@@ -267,26 +286,79 @@ def _get_attr(spec: str, obj: Any, attr: str, where: str) -> Any:
     return obj
 
 
-def _load_file_attr(spec: str, path: str, attr: str, rootdir: str | None) -> Any:
-    full = path if os.path.isabs(path) or rootdir is None else os.path.join(rootdir, path)
+STUDENT_FILES = ("scheduler_sim", "scheduler_faults")
+_LOADED: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
+
+
+def _load_from_folder(spec: str, folder: str, stems: Sequence[str]) -> list[Any]:
+    """Import ``folder/<stem>.py`` for each stem, under its own name, with the folder first on sys.path.
+
+    So ``from scheduler_sim import PagedKV`` in a sibling file finds the file beside
+    it (the very module loaded here), whatever else this process has imported under
+    that name.  Afterwards sys.modules is as it was: two submissions loaded into one
+    process never see each other's modules.
+    """
+    key = (os.path.abspath(folder), tuple(stems))
+    if key in _LOADED:
+        return _LOADED[key]
+    folder = key[0]
+    before = dict(sys.modules)
+    for stem in stems:
+        sys.modules.pop(stem, None)
+    sys.path.insert(0, folder)
+    modules = []
+    try:
+        for stem in stems:
+            module = sys.modules.get(stem)  # a sibling may already have imported it
+            if module is None:
+                loader_spec = importlib.util.spec_from_file_location(stem, os.path.join(folder, stem + ".py"))
+                if loader_spec is None or loader_spec.loader is None:
+                    raise ImplementationError(f"--cbatch-impl {spec}: cannot load {stem}.py as Python")
+                module = importlib.util.module_from_spec(loader_spec)
+                sys.modules[stem] = module
+                loader_spec.loader.exec_module(module)
+            modules.append(module)
+    except ImplementationError:
+        raise
+    except BaseException as exc:  # a broken or hostile file: still one clear usage error
+        raise ImplementationError(f"--cbatch-impl {spec}: importing {os.path.join(folder, stem + '.py')!r} "
+                                  f"failed: {type(exc).__name__}: {exc}") from exc
+    finally:
+        sys.path.remove(folder)
+        for name in [n for n in sys.modules if n not in before or sys.modules[n] is not before[n]]:
+            origin = getattr(sys.modules[name], "__file__", None) or ""
+            if name in stems or os.path.abspath(origin).startswith(folder + os.sep):
+                del sys.modules[name]
+        sys.modules.update({name: mod for name, mod in before.items() if name in stems})
+    _LOADED[key] = modules
+    return modules
+
+
+def _resolve_path(spec: str, path: str, rootdir: str | None) -> str:
+    return path if os.path.isabs(path) or rootdir is None else os.path.join(rootdir, path)
+
+
+def _load_file(spec: str, path: str, rootdir: str | None) -> Any:
+    full = _resolve_path(spec, path, rootdir)
     if not os.path.isfile(full):
         raise ImplementationError(f"--cbatch-impl {spec}: no such file {path!r}")
-    name = "cbatch_impl_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(full))
-    module = sys.modules.get(name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(name, full)
-        if loader_spec is None or loader_spec.loader is None:
-            raise ImplementationError(f"--cbatch-impl {spec}: cannot load {path!r} as Python")
-        module = importlib.util.module_from_spec(loader_spec)
-        folder = os.path.dirname(os.path.abspath(full))
-        sys.path.insert(0, folder)  # so a submission can import its sibling files
-        try:
-            sys.modules[name] = module
-            loader_spec.loader.exec_module(module)
-        except Exception as exc:
-            sys.modules.pop(name, None)
-            raise ImplementationError(f"--cbatch-impl {spec}: importing {path!r} failed: "
-                                      f"{type(exc).__name__}: {exc}") from exc
-        finally:
-            sys.path.remove(folder)
-    return _get_attr(spec, module, attr, f"file {path!r}")
+    stem = os.path.splitext(os.path.basename(full))[0]
+    return _load_from_folder(spec, os.path.dirname(os.path.abspath(full)), [stem])[0]
+
+
+def _load_file_attr(spec: str, path: str, attr: str, rootdir: str | None) -> Any:
+    return _get_attr(spec, _load_file(spec, path, rootdir), attr, f"file {path!r}")
+
+
+def _load_folder(spec: str, path: str, rootdir: str | None) -> Any:
+    """A submission folder in the course's layout: scheduler_sim.py and/or scheduler_faults.py."""
+    folder = _resolve_path(spec, path, rootdir)
+    stems = [stem for stem in STUDENT_FILES if os.path.isfile(os.path.join(folder, stem + ".py"))]
+    if not stems:
+        raise ImplementationError(f"--cbatch-impl {spec}: the folder holds neither "
+                                  f"{' nor '.join(s + '.py' for s in STUDENT_FILES)}")
+    merged = types.SimpleNamespace()
+    for module in _load_from_folder(spec, folder, stems):  # scheduler_faults last: its names win
+        merged.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
+    merged.__name__ = f"folder {path}"
+    return merged

@@ -70,8 +70,18 @@ class CbatchState:
     artifacts: Path
     profile: str
     redirected: bool
-    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
+    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
+    parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
+    unobservable: int = 0
     _judge: Any = None
+
+    def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False) -> None:
+        """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary."""
+        empty = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        self.parts.setdefault(part, dict(empty))[outcome] += 1
+        if clause is not None:
+            self.outcomes.setdefault(clause, dict(empty))[outcome] += 1
+        self.unobservable += unobservable
 
     @property
     def judge(self) -> Any:
@@ -214,34 +224,58 @@ class _Reporter:
             f"failing traces -> {state.artifacts}",
         ]
 
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        if _is_suite_item(item):  # travels with every report, so xdist workers' results count too
+            module = item.function.__module__  # type: ignore[attr-defined]
+            item.user_properties.append(("cbatch_part", module.rpartition(".test_")[2]))
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call" and not (report.when == "setup" and report.outcome != "passed"):
+        props = dict(report.user_properties)
+        part = props.get("cbatch_part")
+        if part is None:
             return
-        cid = dict(report.user_properties).get("cbatch_clause")
-        if cid is not None:
-            counts = self.state.outcomes.setdefault(cid, {"passed": 0, "failed": 0, "skipped": 0})
-            counts[report.outcome] += 1
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            outcome = "error" if report.when == "setup" and report.failed else report.outcome
+        elif report.when == "teardown" and report.failed:
+            outcome = "error"
+        else:
+            return
+        self.state.count(part, props.get("cbatch_clause"), outcome,
+                         unobservable=report.skipped and "not observable" in str(report.longrepr))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        outcomes = self.state.outcomes
-        if not outcomes:
-            return
-        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"])
-        failed = sorted(c for c, n in outcomes.items() if n["failed"])
-        never = sorted(c for c, n in outcomes.items() if not n["passed"] + n["failed"])
-        total = {k: sum(n[k] for n in outcomes.values()) for k in ("passed", "failed", "skipped")}
         tr = terminalreporter
+        parts = self.state.parts
+        if not parts:
+            return
         tr.section("pytest-cbatch")
-        tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran "
-                      f"({total['passed']} checks passed, {total['failed']} failed, {total['skipped']} skipped)")
+        line = ", ".join(f"{part} {_counts_text(counts)}" for part, counts in parts.items())
+        tr.write_line(f"impl {self.state.spec}: {line}")
+        outcomes = self.state.outcomes
+        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"])
+        failed = sorted(c for c, n in outcomes.items() if n["failed"] + n["error"])
+        never = sorted(c for c, n in outcomes.items() if not n["passed"] + n["failed"] + n["error"])
+        tr.write_line(f"clauses: {len(ran)} of {len(outcomes)} ran")
         if failed:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
             tr.write_line("never ran (skipped on every workload): " + ", ".join(never), yellow=True)
-        if total["skipped"] > total["passed"] + total["failed"]:
+        hidden = self.state.unobservable
+        if hidden:
+            tr.write_line(f"NOT OBSERVABLE: {hidden} checks skipped because this implementation's reports cannot "
+                          f"show what their clause needs (client-side reports carry no snapshots or dispatches); "
+                          f"those clauses were not judged.", yellow=True, bold=True)
+        total = {k: sum(n[k] for n in parts.values()) for k in ("passed", "failed", "skipped", "error")}
+        if total["skipped"] > total["passed"] + total["failed"] + total["error"]:
             tr.write_line(f"WARNING: most conformance checks were SKIPPED ({total['skipped']} of "
                           f"{sum(total.values())}); a green run proves little here. See why with -rs.",
                           red=True, bold=True)
+
+
+def _counts_text(counts: Mapping[str, int]) -> str:
+    shown = [f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "error") if counts[k]]
+    return ", ".join(shown) or "nothing ran"
 
 
 # -- fixtures ------------------------------------------------------------------
@@ -338,7 +372,4 @@ def _write_artifact(folder: Path, name: str, text: str) -> str:
         os.replace(tmp, path)
     except OSError as exc:
         return f"<could not write {folder / safe}: {exc}>"
-    try:
-        return os.path.relpath(path)
-    except ValueError:
-        return str(path)
+    return str(path.resolve())  # absolute: the replay command works from any directory

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report, unobservable
+from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report, schema_kinds, unobservable
 from .impls import Implementation, RunOutcome
 
 __all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES"]
@@ -154,10 +154,16 @@ def shrink_trace(
         return current
     runs = 0
 
+    # A schema failure keeps every distinct kind of issue while it shrinks, so no kind hides behind another.
+    wanted = schema_kinds(judge.judge(clause, trace, config).violations) if clause == "schema_valid" else set()
+
     def still_fails(candidate: list[dict[str, Any]]) -> bool:
         nonlocal runs
         runs += 1
-        return bool(candidate) and judge.judge(clause, candidate, config).status == "fail"
+        if not candidate:
+            return False
+        result = judge.judge(clause, candidate, config)
+        return result.status == "fail" and wanted <= schema_kinds(result.violations)
 
     for rid in [line["id"] for line in reversed(trace) if line["event"] == "arrival"]:
         if runs >= max_runs:

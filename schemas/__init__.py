@@ -192,10 +192,19 @@ def _explainer(name: str, screened: bool) -> Any:
 
 
 def _explain(validator: Any, instance: Any, limit: int) -> list[SchemaIssue]:
-    return [
-        SchemaIssue(_pointer(error.absolute_path), _message(error))
-        for error in itertools.islice(validator.iter_errors(instance), limit)
-    ]
+    issues: list[SchemaIssue] = []
+    seen: set[tuple[str, str]] = set()
+    for error in validator.iter_errors(instance):
+        path = _pointer(error.absolute_path)
+        # A value of the wrong type is one issue, though two rules (say number, and integer in a tick report) say so.
+        key = (path, "type" if error.validator == "type" else error.message)
+        if key in seen:
+            continue
+        seen.add(key)
+        issues.append(SchemaIssue(path, _message(error)))
+        if len(issues) == limit:
+            break
+    return issues
 
 
 def _pointer(parts: Any) -> str:

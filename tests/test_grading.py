@@ -63,9 +63,10 @@ def test_every_sample_gets_its_exact_score(graded) -> None:
         lost = sum(t["max_score"] for t in doc["tests"] if t["name"] in failing)
         assert doc["score"] == FULL - lost, name
         assert doc["extra_data"]["cbatch"]["max_score"] == FULL
-    # The hostile samples each cost at most max_failures x call_seconds of waiting.
+    # No sample came near its cap: the hostile ones cost max_failures x call_seconds of waiting at most.
     limits = load_rubric(RUBRIC).limits
-    assert seconds < 7 * limits.max_failures * limits.call_seconds, seconds
+    for name in EXPECTED_FAILURES:
+        assert results(out, name)["execution_time"] < limits.submission_seconds / 2, name
 
 
 def test_every_results_json_validates_and_states_the_seed(graded) -> None:

@@ -29,7 +29,7 @@ from .core import (
 
 __all__ = [
     "CLAUSES", "RUNNER_CLAUSES", "Clause", "Violation", "ReportIndex",
-    "check_report", "clause_ids", "required_blocks", "unobservable", "clause",
+    "check_report", "clause_ids", "required_blocks", "schema_kinds", "unobservable", "clause",
 ]
 
 def clause_ids() -> list[str]:
@@ -54,6 +54,16 @@ def _kind(path: str, message: str) -> tuple[str, str]:
     """What makes two schema issues the same kind: the path with indices and ids blurred, the message's shape."""
     blurred = re.sub(r"/[^/]+", lambda m: "/*" if m.group(0)[1:].isdigit() else m.group(0), path)
     return re.sub(r"^/requests/[^/]+", "/requests/*", blurred), re.sub(r"'[^']*'|\d+(\.\d+)?", "_", message)
+
+
+def schema_kinds(violations: Sequence[Violation]) -> set[tuple[str, str]]:
+    """The distinct kinds of schema_valid violations (see ``check_report``), for shrinking that keeps them all."""
+    out = set()
+    for v in violations:
+        if v.clause == "schema_valid" and not v.message.startswith("... and "):
+            path, _, message = v.message.partition(": ")
+            out.add(_kind("" if path == "/" else path, message))
+    return out
 
 
 def check_report(

@@ -57,6 +57,7 @@ class Clause:
     why: str
     check: Callable[["ReportIndex"], Iterator[Violation]] | None = field(default=None, compare=False, repr=False)
     needs: frozenset[str] = frozenset()
+    admits: str = ""   # the legitimate choices a correct scheduler may make that the clause allows
 
 
 CLAUSES: dict[str, Clause] = {
@@ -67,13 +68,18 @@ CLAUSES: dict[str, Clause] = {
 }
 
 
-def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = ()) -> Callable:
-    """Register a report clause; the decorated generator yields its violations."""
+def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "") -> Callable:
+    """Register a report clause; the decorated generator yields its violations.
+
+    ``needs``: the event kinds it must observe; ``admits``: the legitimate
+    choices of correct schedulers it was derived to allow (the clause table's
+    "admits" column).
+    """
 
     def register(fn: Callable[["ReportIndex"], Iterator[Violation]]) -> Callable:
         if cid in CLAUSES:
             raise ValueError(f"clause {cid!r} registered twice")
-        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs))
+        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs), admits)
         return fn
 
     return register

@@ -38,7 +38,8 @@ def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
         "In every snapshot allocated_blocks + free_blocks = capacity, the block tables hold exactly "
         "allocated_blocks distinct pages in 0..capacity-1 with no page in two tables, and draining_blocks counts "
         "the pages of ended requests not yet released.",
-        "A page in two tables is silent KV corruption; a page in none is a leak.", needs=("snapshot",))
+        "A page in two tables is silent KV corruption; a page in none is a leak.", needs=("snapshot",),
+        admits="any page ids and free-list order; a table per draining request")
 def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pages_conserved"
     cap = ix.capacity
@@ -72,7 +73,8 @@ def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
         "Where a snapshot carries active and queued, they agree with the event trace at that point: as id lists, "
         "exactly the requests admitted and the requests waiting (arrived or preempted, not ended), in any order; "
         "as counts, their numbers.",
-        "Running/waiting gauges are what operators watch; they must match the events.", needs=("snapshot", "admit"))
+        "Running/waiting gauges are what operators watch; they must match the events.", needs=("snapshot", "admit"),
+        admits="active and queued as id lists in any order, as counts, or absent")
 def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
     cid = "snapshot_counts"
     for i, snap, replay in _snapshot_walk(ix):
@@ -97,7 +99,10 @@ def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
         "allocated before the snapshot or while the dispatch runs) and at most ceil((prompt + output - 1) / "
         "block_size), and shows no page for a request that is neither admitted nor ended awaiting release.",
         "Rows without pages overwrite someone else's KV; pages beyond the largest need are hoarded capacity.",
-        needs=("snapshot", "dispatch"))
+        needs=("snapshot", "dispatch"),
+        admits=("pages allocated before the snapshot (engine style, as vLLM's schedule() does), while the "
+                "dispatch runs (the course's simulator) or all at admission; snapshots every tick or only before "
+                "dispatches"))
 def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pages_cover_rows"
     bs = ix.bs
@@ -132,7 +137,8 @@ def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
 
 
 @clause("headroom_nonnegative", "admission_headroom is never negative.",
-        "Negative headroom means the scheduler promised more pages than exist.", needs=("snapshot",))
+        "Negative headroom means the scheduler promised more pages than exist.", needs=("snapshot",),
+        admits="any reservation policy")
 def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
     for i in ix.snapshots:
         if ix.events[i]["admission_headroom"] < 0:
@@ -144,7 +150,8 @@ def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
         "A page of an ended request appears in another request's block table only after that request's release "
         "event, and no earlier than its end time + release_delay.",
         "In-flight transfers may still write to a retired request's pages; reusing them early corrupts KV.",
-        needs=("snapshot", "release"))
+        needs=("snapshot", "release"),
+        admits="any free-list order")
 def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
     delay = ix.cfg["release_delay"]
     owner: dict[int, str] = {}
@@ -205,7 +212,9 @@ def _held_at_end(ix: ReportIndex) -> dict[str, bool]:
         "A request that holds pages at its end gets exactly one release event, after its terminal event and no "
         "earlier than its end time + release_delay; one that holds none gets at most one, no earlier; a request "
         "never admitted gets none.",
-        "Release events are how the pool's drain is observed and audited.", needs=("release", "admit", "dispatch"))
+        "Release events are how the pool's drain is observed and audited.", needs=("release", "admit", "dispatch"),
+        admits=("no release event for a request that holds no pages at its end (cancelled before its first row, "
+                "or while preempted)"))
 def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
     cid = "release_once_after_delay"
     delay = ix.cfg["release_delay"]
@@ -235,7 +244,8 @@ def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
         "summary.free_blocks equals capacity; every request holding pages in the last snapshot is released after "
         "it; and a snapshot that follows the last release shows every page free and no block table holding one.",
         "A page still held after drain is a leak that grows until the server stops admitting.",
-        needs=("snapshot", "release"))
+        needs=("snapshot", "release"),
+        admits="no snapshot after the last release: the end state is then judged from the summary and the releases")
 def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
     cid = "no_leaked_pages"
     cap = ix.capacity
@@ -262,7 +272,8 @@ def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
         "summary.drained_at_tick is no earlier than the last release (or, with no release, the last terminal "
         "event) and no later than the report's last event.",
         "The drain time is when the pool is reusable, which is not the last response's latency.",
-        needs=("release",))
+        needs=("release",),
+        admits="drained_at_tick anywhere from the last release to the last event")
 def _drain_time_consistent(ix: ReportIndex) -> Iterator[Violation]:
     drained = ix.report["summary"]["drained_at_tick"]
     last = ix.events[-1]["time"] if ix.events else 0

@@ -17,7 +17,8 @@ _MISSING = object()
 @clause("config_recorded",
         "The report's config records every setting the run asked for, with the same value (admission may be left "
         "out when it is reserve, the default, as the course's simulator does).",
-        "A result without its exact configuration cannot be compared or replayed.")
+        "A result without its exact configuration cannot be compared or replayed.",
+        admits="admission left out when it is reserve; extra settings of the engine's own")
 def _config_recorded(ix: ReportIndex) -> Iterator[Violation]:
     for key, value in ix.asked.items():
         if key == "admission" and value == "reserve" and key not in ix.cfg:
@@ -30,7 +31,8 @@ def _config_recorded(ix: ReportIndex) -> Iterator[Violation]:
         "Every trace arrival appears exactly once as an arrival event at its trace time (client-side: at its "
         "scheduled moment, within the replay's slack), the requests table has exactly the trace's ids with that "
         "arrival time, and no event names an unknown id.",
-        "Missing arrivals make missing work indistinguishable from missing instrumentation.", needs=("arrival",))
+        "Missing arrivals make missing work indistinguishable from missing instrumentation.", needs=("arrival",),
+        admits="any order of a tick's arrivals and cancels; client-side, arrival at the moment the request was sent")
 def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
     cid = "arrival_matches_trace"
     for rid, i in ix.unknown.items():
@@ -72,7 +74,8 @@ def _time_monotonic(ix: ReportIndex) -> Iterator[Violation]:
         "Every arrival reaches exactly one terminal state (finished, cancelled or rejected); the requests table "
         "records that status and its time as end, and the summary counts match.",
         "A request that never ends is a hang; one that ends twice is double-counted by every dashboard.",
-        needs=TERMINAL)
+        needs=TERMINAL,
+        admits="an impossible request ending rejected or cancelled")
 def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "terminal_exactly_once"
     counts = dict.fromkeys(TERMINAL, 0)
@@ -99,7 +102,8 @@ def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
 
 @clause("no_event_after_terminal",
         "After a request's terminal event the only events naming it are cancel_ignored and release.",
-        "Work, tokens or admissions after the end are leaks or zombie requests.", needs=TERMINAL)
+        "Work, tokens or admissions after the end are leaks or zombie requests.", needs=TERMINAL,
+        admits="a release after the end; cancel_ignored for later cancels")
 def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
     for rid, seq in ix.seq.items():
         end = ix.terminal(rid)
@@ -117,7 +121,8 @@ def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
         "ttft_ticks is null iff the request emitted no token; otherwise it equals the first token's time minus "
         "the arrival time.",
         "TTFT must never be manufactured (as 0 or otherwise) for a request that produced no output.",
-        needs=("token", "arrival"))
+        needs=("token", "arrival"),
+        admits="client-side, times in seconds from the moment the request was sent")
 def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
         tokens = ix.tokens(rid)
@@ -174,7 +179,8 @@ def _frame_times(ix: ReportIndex, rid: str) -> list[float]:
         "A request whose tokens all arrived at one time (exactly one token, or one data frame) has an empty "
         "itl_ticks list.",
         "There is no inter-token interval with one token; a [0] entry drags every ITL percentile down.",
-        needs=("token",))
+        needs=("token",),
+        admits="client-side, several tokens in one data frame")
 def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
     for rid, _, row in ix.rows():
         if len(_frame_times(ix, rid)) == 1 and row["itl_ticks"] != []:
@@ -186,7 +192,8 @@ def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
         "itl_ticks holds the differences of consecutive distinct token times: one entry fewer than the tokens "
         "for an engine, which emits one token per request per dispatch; one per data frame after the first for "
         "a client, as vLLM's bench serve computes it.",
-        "ITL percentiles are only comparable across engines when computed the same way.", needs=("token",))
+        "ITL percentiles are only comparable across engines when computed the same way.", needs=("token",),
+        admits="client-side, several tokens in one data frame (vLLM merges frames when the HTTP side lags)")
 def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
     tolerance = 1e-9 if ix.seconds else 0
     for rid, line, row in ix.rows():
@@ -217,7 +224,8 @@ def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
 @clause("finished_outputs_complete",
         "A finished request emitted exactly its requested output tokens, its finished event at its last token's "
         "time (client-side: at or after it); a request that is not finished emitted fewer.",
-        "Finishing early truncates answers; emitting more than asked ignores max_tokens.", needs=("token", "finished"))
+        "Finishing early truncates answers; emitting more than asked ignores max_tokens.", needs=("token", "finished"),
+        admits="client-side, the finish frame after the last token frame")
 def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line in ix.arrivals.items():
         end = ix.terminal(rid)
@@ -255,7 +263,8 @@ def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
 @clause("no_duplicate_emission",
         "A request's token events carry output_index 1, 2, 3, ... in order with no repeat and no gap, across "
         "preemption and recompute.",
-        "After a preemption the recomputed rows must not re-send tokens the client already has.", needs=("token",))
+        "After a preemption the recomputed rows must not re-send tokens the client already has.", needs=("token",),
+        admits="any preemption victim and any number of preemptions")
 def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
     for rid in ix.arrivals:
         for k, (i, ev) in enumerate(ix.tokens(rid), start=1):
@@ -271,7 +280,8 @@ def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
         "if the request had not ended, otherwise cancel_ignored with the status it ended with; so a second cancel, "
         "or a cancel after completion, changes nothing.",
         "Clients retry cancels; a retried cancel must not re-cancel, resurrect or double-count a request.",
-        needs=("cancelled", "cancel_ignored"))
+        needs=("cancelled", "cancel_ignored"),
+        admits="at one tick, arrivals before cancels or trace order; client-side, an answer within the replay's slack")
 def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
     cid = "cancel_idempotent"
     for rid, seq in ix.seq.items():
@@ -307,7 +317,9 @@ def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
         "admitted and never runs: it ends rejected (at arrival or at the head of the queue), or cancelled if a "
         "cancel reaches it first; a request that fits is never rejected.",
         "An impossible request left in the queue blocks everyone behind it forever; rejecting one that fits "
-        "drops a valid request.", needs=("admit", "rejected"))
+        "drops a valid request.", needs=("admit", "rejected"),
+        admits=("rejection at arrival or when the request reaches the head of the queue; a cancel that reaches it"
+                " first"))
 def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
     cid = "impossible_rejected"
     for rid, line in ix.arrivals.items():

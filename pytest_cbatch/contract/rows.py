@@ -14,7 +14,8 @@ from .core import TERMINAL, ReportIndex, Violation, clause
         "Within one incarnation (from admission to preemption or end), the input rows fed before emitting output k "
         "total prompt + k - 1, and rows never exceed prompt plus the outputs emitted so far.",
         "The newest sampled token is fed exactly once; re-feeding it after recompute duplicates a KV row.",
-        needs=("dispatch", "token"))
+        needs=("dispatch", "token"),
+        admits="recompute in any chunking; any preemption victim")
 def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pending_sample_fed_once"
     for rid, line in ix.arrivals.items():
@@ -41,7 +42,9 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
         "A request is admitted only while queued, runs rows only while admitted, is preempted only while "
         "admitted (then holds nothing until admitted again), and the number of admitted requests never exceeds "
         "max_active (1 under the serial policy).",
-        "Rows for a request that is not admitted compute on pages it does not own.", needs=("admit", "dispatch"))
+        "Rows for a request that is not admitted compute on pages it does not own.", needs=("admit", "dispatch"),
+        admits=("any admission order (FIFO, shortest first, ...), any rotation, admission and scheduling in the "
+                "same step"))
 def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
     cid = "lifecycle_order"
     limit = ix.max_active()
@@ -101,7 +104,8 @@ def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
         "A dispatch has at most one row per request and at least one row; decode rows feed exactly 1 token, only "
         "after the prompt is fed and an output exists; prefill rows feed only prompt positions; prefill and "
         "recompute rows feed at most prefill_chunk tokens; recompute rows appear only after a preemption.",
-        "Malformed rows mean the batch computes positions that were never scheduled.", needs=("dispatch", "token"))
+        "Malformed rows mean the batch computes positions that were never scheduled.", needs=("dispatch", "token"),
+        admits="decode and prefill rows in any order and rotation; chunks of any size up to prefill_chunk")
 def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
     cid = "row_shape"
     chunk = ix.cfg["prefill_chunk"]

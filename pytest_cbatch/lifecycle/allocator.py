@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from .machine import LifecycleMachine, bind, choose, judged
+from .machine import PICK, LifecycleMachine, bind, choose, judged
 
 __all__ = ["allocator_machine"]
 
@@ -28,41 +28,39 @@ class _AllocatorMachine(LifecycleMachine):
     def live(self) -> list[str]:
         return sorted(self.oracle.tables)  # type: ignore[arg-type]
 
-    @rule(data=st.data(), misuse=st.sampled_from((None, None, None, None, *_MISUSES)))
+    @rule(pick=PICK, misuse=st.sampled_from((None, None, None, None, *_MISUSES)))
     @judged
-    def create(self, data: st.DataObject, misuse: str | None) -> None:
+    def create(self, pick: int, misuse: str | None) -> None:
         """Create an owner; now and then instead a call that must be refused (an unknown name, a live owner)."""
         absent = [o for o in _OWNERS if o not in self.oracle.tables]
-        if misuse == "create" or (misuse is None and not absent):
-            if self.oracle.tables:
-                self.duplicate(choose(data, self.live(), "owner"))
-        elif misuse is None:
-            self.pool_create(choose(data, absent, "owner"))
-        elif absent:
-            self.unknown(choose(data, absent, "unknown"), misuse)
+        if misuse == "create" and self.oracle.tables:
+            self.duplicate(choose(pick, self.live()))
+        elif misuse is None and absent:
+            self.pool_create(choose(pick, absent))
+        elif misuse not in (None, "create") and absent:
+            self.unknown(choose(pick, absent), misuse)
 
     @precondition(lambda self: self.oracle.tables)
-    @rule(data=st.data(), rows=_ROWS)
+    @rule(pick=PICK, rows=_ROWS)
     @judged
-    def append(self, data: st.DataObject, rows: list[int]) -> None:
-        self.pool_append_all(choose(data, self.live(), "owner"), rows)
+    def append(self, pick: int, rows: list[int]) -> None:
+        self.pool_append_all(choose(pick, self.live()), rows)
 
     @precondition(lambda self: any(self.oracle.copies_tail(owner) for owner in self.oracle.tables))
-    @rule(data=st.data(), rows=_ROWS)
+    @rule(pick=PICK, rows=_ROWS)
     @judged
-    def append_shared(self, data: st.DataObject, rows: list[int]) -> None:
+    def append_shared(self, pick: int, rows: list[int]) -> None:
         """Append to an owner whose partial tail another owner or a pin sees: the copy-on-write path."""
         shared = [owner for owner in self.live() if self.oracle.copies_tail(owner)]
-        self.pool_append_all(choose(data, shared, "owner"), rows)
+        self.pool_append_all(choose(pick, shared), rows)
 
-    @precondition(lambda self: self.oracle.tables)
-    @rule(data=st.data())
+    @precondition(lambda self: 0 < len(self.oracle.tables) < len(_OWNERS))
+    @rule(pick=PICK, target_pick=PICK, duplicate=st.sampled_from((False, False, False, True)))
     @judged
-    def fork(self, data: st.DataObject) -> None:
-        source = choose(data, self.live(), "source")
-        absent = [o for o in _OWNERS if o not in self.oracle.tables]
-        duplicate = data.draw(st.sampled_from((False, False, False, True)), label="to a live target")
-        target = choose(data, self.live() if duplicate or not absent else absent, "target")
+    def fork(self, pick: int, target_pick: int, duplicate: bool) -> None:
+        """Fork into an absent owner; now and then into a live one, which must be refused."""
+        source = choose(pick, self.live())
+        target = choose(target_pick, self.live() if duplicate else [o for o in _OWNERS if o not in self.oracle.tables])
         code = f"pool.fork({source!r}, {target!r})"
         clause = "lifecycle.fork_shares"
         if target in self.oracle.tables:
@@ -80,10 +78,10 @@ class _AllocatorMachine(LifecycleMachine):
         self.expect_free(clause, code)
 
     @precondition(lambda self: self.oracle.tables)
-    @rule(data=st.data(), name=st.sampled_from(_PINS))
+    @rule(pick=PICK, name=st.sampled_from(_PINS))
     @judged
-    def pin(self, data: st.DataObject, name: str) -> None:
-        owner = choose(data, self.live(), "owner")
+    def pin(self, pick: int, name: str) -> None:
+        owner = choose(pick, self.live())
         if name not in self.oracle.pins:
             self.pool_pin(owner, name)
             return
@@ -94,16 +92,16 @@ class _AllocatorMachine(LifecycleMachine):
         self.expect_free("lifecycle.pin_retains", code)
 
     @precondition(lambda self: self.oracle.pins)
-    @rule(data=st.data())
+    @rule(pick=PICK)
     @judged
-    def unpin(self, data: st.DataObject) -> None:
-        self.pool_unpin(choose(data, sorted(self.oracle.pins), "pin"))  # type: ignore[type-var]
+    def unpin(self, pick: int) -> None:
+        self.pool_unpin(choose(pick, sorted(self.oracle.pins)))  # type: ignore[type-var]
 
     @precondition(lambda self: self.oracle.tables)
-    @rule(data=st.data())
+    @rule(pick=PICK)
     @judged
-    def release(self, data: st.DataObject) -> None:
-        self.pool_release(choose(data, self.live(), "owner"), "lifecycle.pin_retains")
+    def release(self, pick: int) -> None:
+        self.pool_release(choose(pick, self.live()), "lifecycle.pin_retains")
 
     def unknown(self, name: str, operation: str) -> None:
         """A call naming an owner (or pin) that does not exist is refused and changes nothing."""

@@ -24,11 +24,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
 from .oracle import PoolOracle
 
-__all__ = ["LifecycleMachine", "bind", "choose", "import_lines", "judged"]
+__all__ = ["PICK", "LifecycleMachine", "bind", "choose", "import_lines", "judged"]
 
 PC = "lifecycle.page_conservation"
 PV = "lifecycle.pool_views"
-_CHOICE_RANGE = 8
 _Fn = TypeVar("_Fn", bound=Callable[..., Any])
 
 
@@ -52,13 +51,17 @@ def judged(fn: _Fn) -> _Fn:
     return run  # type: ignore[return-value]
 
 
-def choose(data: st.DataObject, candidates: list[Any], label: str) -> Any:
-    """Pick a candidate with a draw whose shape does not depend on how many there are.
+PICK = st.integers(0, 7)
+"""A rule argument that ``choose`` turns into one of the candidates."""
+
+
+def choose(pick: int, candidates: list[Any]) -> Any:
+    """The candidate a ``PICK`` draw names, whatever the number of candidates.
 
     When the shrinker deletes an earlier step, later steps may see a different
     number of candidates; a fixed-range index keeps their draws aligned.
     """
-    return candidates[data.draw(st.integers(0, _CHOICE_RANGE - 1), label=label) % len(candidates)]
+    return candidates[pick % len(candidates)]
 
 
 def _exception_name(exc: type[BaseException]) -> str:

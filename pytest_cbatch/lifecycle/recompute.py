@@ -9,7 +9,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from .machine import LifecycleMachine, bind, choose, judged
+from .machine import PICK, LifecycleMachine, bind, choose, judged
 from .oracle import pages_for
 
 __all__ = ["recompute_machine"]
@@ -56,6 +56,7 @@ class _RecomputeMachine(LifecycleMachine):
         self.pin_names = itertools.count()
         self.tokens = itertools.count(100)  # unique outputs make a repeated emission visible
         self.emit_base: int | None = None  # 0 or 1, fixed by the first emission
+        self.blocked: set[str] = set()  # requests whose last sample() found no page: preempted next, not retried
 
     @initialize(capacity=st.integers(2, 12), block_size=st.integers(1, 3),
                 prompts=st.lists(_PROMPTS, min_size=1, max_size=_MAX_LIVE))
@@ -82,50 +83,49 @@ class _RecomputeMachine(LifecycleMachine):
     # ----------------------------------------------------------------- rules
 
     @precondition(lambda self: self.with_state("queued", "preempted", "active"))
-    @rule(data=st.data())
+    @rule(pick=PICK, prefer_active=st.booleans(), action=st.sampled_from(_ACTIONS))
     @judged
-    def advance(self, data: st.DataObject) -> None:
+    def advance(self, pick: int, prefer_active: bool, action: str) -> None:
         """Resume a request that is not resident; else mostly sample it, sometimes preempt it."""
         live, active = self.with_state("queued", "preempted", "active"), self.with_state("active")
-        model = choose(data, active if data.draw(st.booleans(), label="prefer active") and active else live, "request")
-        action = data.draw(st.sampled_from(_ACTIONS), label="action")
+        model = choose(pick, active if prefer_active and active else live)
         if model.state != "active":
             self.resume(model)
-        elif action == "sample":
+        elif action == "sample" and model.variable not in self.blocked:
             self.sample(model)
         else:
             self.preempt(model)
 
-    @rule(data=st.data(), action=st.sampled_from(
-        ("admit", "cancel", "misuse", "occupy", "pin", "unpin", "vacate", "squat", "bad_request", "bad_token")))
+    @rule(pick=PICK, rows=_PROMPTS, action=st.sampled_from(
+        ("admit", "cancel", "misuse", "occupy", "pin", "unpin", "vacate", "squat", "bad_request", "bad_token")),
+        call=st.sampled_from(("resume", "sample", "preempt")))
     @judged
-    def churn(self, data: st.DataObject, action: str) -> None:
+    def churn(self, pick: int, rows: list[int], action: str, call: str) -> None:
         """Admissions, cancellations, calls in the wrong state, competing owners, pins and bad arguments."""
         live = self.with_state("queued", "preempted", "active")
+        suspended, active = self.with_state("queued", "preempted"), self.with_state("active")
         if action == "admit" and len(live) < _MAX_LIVE:
-            self.admit(data.draw(_PROMPTS, label="prompt"))
+            self.admit(rows)
         elif action == "cancel" and self.requests:
-            self.cancel(choose(data, self.requests, "request"))
+            self.cancel(choose(pick, self.requests))
         elif action == "misuse" and self.requests:
-            self.misuse(choose(data, self.requests, "request"), data.draw(st.sampled_from(
-                ("resume", "sample", "preempt")), label="call"))
+            self.misuse(choose(pick, self.requests), call)
         elif action == "occupy" and len(self.competitor_names()) < _MAX_COMPETITORS:
             owner = f"x{next(self.competitors)}"
             self.pool_create(owner)
-            self.pool_append_all(owner, data.draw(_PROMPTS, label="rows"))
+            self.pool_append_all(owner, rows)
         elif action == "pin" and self.oracle.tables:
-            self.pool_pin(choose(data, sorted(self.oracle.tables), "owner"), f"p{next(self.pin_names)}")
+            self.pool_pin(choose(pick, sorted(self.oracle.tables)), f"p{next(self.pin_names)}")
         elif action == "unpin" and self.oracle.pins:
-            self.pool_unpin(choose(data, sorted(self.oracle.pins), "pin"))
+            self.pool_unpin(choose(pick, sorted(self.oracle.pins)))
         elif action == "vacate" and self.competitor_names():
-            self.pool_release(choose(data, self.competitor_names(), "owner"), "lifecycle.pin_retains")
-        elif action == "squat" and self.with_state("queued", "preempted"):
-            self.squat(choose(data, self.with_state("queued", "preempted"), "request"))
+            self.pool_release(choose(pick, self.competitor_names()), "lifecycle.pin_retains")
+        elif action == "squat" and suspended:
+            self.squat(choose(pick, suspended))
         elif action == "bad_request":
-            self.bad_request(data)
-        elif action == "bad_token" and self.with_state("active"):
-            model = choose(data, self.with_state("active"), "request")
-            self.refused("lifecycle.request_arguments", model, "sample", "'7'", "7",
+            self.bad_request(pick)
+        elif action == "bad_token" and active:
+            self.refused("lifecycle.request_arguments", choose(pick, active), "sample", "'7'", "7",
                          why="a token must be an int", returns=())
 
     # ------------------------------------------------------------ operations
@@ -160,6 +160,7 @@ class _RecomputeMachine(LifecycleMachine):
         code = f"{model.variable}.sample({token})"
         blocked = bool(model.outputs) and self.oracle.needs_page(model.owner) and not self.oracle.free()
         clause = "lifecycle.decode_atomic"
+        (self.blocked.add if blocked else self.blocked.discard)(model.variable)
         if blocked:
             self.must_raise(clause, code, request.sample, token, expected=(MemoryError,),
                             why="feeding the pending output needs a page and none is free")
@@ -175,6 +176,7 @@ class _RecomputeMachine(LifecycleMachine):
 
     def preempt(self, model: _Request) -> None:
         code, clause = f"{model.variable}.preempt()", "lifecycle.preempt_keeps_history"
+        self.blocked.discard(model.variable)
         self.call(clause, code, self.handles[model.variable].preempt)
         self.oracle.release(model.owner)
         model.state = "preempted"
@@ -227,10 +229,10 @@ class _RecomputeMachine(LifecycleMachine):
         self.refused(_WRONG, model, "resume", "", why=f"owner {model.owner!r} has a table")
         self.pool_release(model.owner, _WRONG)
 
-    def bad_request(self, data: st.DataObject) -> None:
+    def bad_request(self, pick: int) -> None:
         owners = sorted(self.oracle.tables)
         cases = [("", [1]), ("new", []), ("new", [1, 2.5])] + [(owner, [1]) for owner in owners[:1]]
-        owner, prompt = choose(data, cases, "bad request")
+        owner, prompt = choose(pick, cases)
         clause = "lifecycle.request_arguments"
         code = f"RecomputeRequest(pool, {owner!r}, {prompt!r})"
         self.must_raise(clause, code, self.impl.RecomputeRequest, self.pool, owner, prompt, expected=(ValueError,))
@@ -291,7 +293,7 @@ class _RecomputeMachine(LifecycleMachine):
     @invariant()
     @judged
     def requests_consistent(self) -> None:
-        for model in self.requests:
+        for model in self.with_state("queued", "preempted", "active"):  # cancel() already judged the others
             self.expect_state("lifecycle.request_state", model, "the last step")
             if model.state == "active":
                 self.expect_rows("lifecycle.active_rows", model.owner, "the last step")

@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from .clauses import ABORT_REASONS
-from .machine import LifecycleMachine, bind, choose, judged
+from .machine import PICK, LifecycleMachine, bind, choose, judged
 from .oracle import pages_for
 
 __all__ = ["transfer_machine"]
 
 _SOURCES = ("s0", "s1")
-_ROOMS = ("room-0", "room-1", "room-0", "room-1", " ")  # repeats weight the draw; " " is blank
+_ROOMS = ("room-0", "room-1", "room-2", "room-0", "room-1", "room-2", " ")  # repeats weight the draw; " " is blank
 _LIVE = ("in_flight", "draining", "ready")
 # callback -> (the state it needs, the state it leads to)
 _CALLBACKS = {
@@ -65,28 +65,32 @@ class _TransferMachine(LifecycleMachine):
 
     # ----------------------------------------------------------------- rules
 
-    @rule(data=st.data(), source=st.sampled_from(_SOURCES))
+    @rule(source=st.sampled_from(_SOURCES), drop=st.booleans(), rows=st.lists(st.integers(0, 99), max_size=3))
     @judged
-    def source(self, data: st.DataObject, source: str) -> None:
+    def source(self, source: str, drop: bool, rows: list[int]) -> None:
         """Create, grow or drop a source (sometimes left empty); transfers of it must not notice."""
-        if source in self.oracle.tables and data.draw(st.booleans(), label="release"):
+        if source in self.oracle.tables and drop:
             self.pool_release(source, "lifecycle.page_conservation")
             return
         if source not in self.oracle.tables:
             self.pool_create(source, "lifecycle.page_conservation")
-        self.pool_append_all(source, data.draw(st.lists(st.integers(0, 99), max_size=3), label="rows"))
+        self.pool_append_all(source, rows)
 
-    @rule(data=st.data(), room=st.sampled_from(_ROOMS))
+    @precondition(lambda self: any(source in self.oracle.tables for source in _SOURCES))
+    @rule(pick=PICK, room=st.sampled_from(_ROOMS))
     @judged
-    def begin(self, data: st.DataObject, room: str) -> None:
-        source = choose(data, [*(s for s in _SOURCES if s in self.oracle.tables), "nosuch"], "source")
+    def begin(self, pick: int, room: str) -> None:
+        """Begin a transfer of a source; one pick in eight names a source that does not exist."""
+        source = "nosuch" if pick == 7 else choose(pick, [s for s in _SOURCES if s in self.oracle.tables])
         self.attempts += 1
         variable = f"t{self.attempts}"
         code = f"manager.begin({source!r}, {room!r})"
         busy = any(t.room == room and t.state in _LIVE for t in self.transfers)
         if not room.strip() or source not in self.oracle.tables or not self.oracle.history(source):
             refusals: tuple[type[BaseException], ...] = (ValueError, KeyError) if source == "nosuch" else (ValueError,)
-            self.refused_begin("lifecycle.begin_arguments", code, source, room, refusals, returns=())
+            # a busy room as well: refusing it first (False or None) is as right
+            self.refused_begin("lifecycle.begin_arguments", code, source, room, refusals,
+                               returns=(False, None) if busy else ())
             return
         if busy:
             self.refused_begin("lifecycle.room_exclusive", code, source, room, (ValueError,), returns=(False, None))
@@ -115,18 +119,18 @@ class _TransferMachine(LifecycleMachine):
         self.expect_rooms("lifecycle.room_exclusive", code)
 
     @precondition(lambda self: self.transfers)
-    @rule(data=st.data(), method=st.sampled_from(tuple(_CALLBACKS)))
+    @rule(pick=PICK, fitting=st.booleans(), method=st.sampled_from(tuple(_CALLBACKS)),
+          reason=st.sampled_from((*ABORT_REASONS, None, "reboot")))
     @judged
-    def callback(self, data: st.DataObject, method: str) -> None:
+    def callback(self, pick: int, fitting: bool, method: str, reason: str | None) -> None:
         """complete, abort (with any reason, the default, or an invalid one), acknowledge_drained, release_output."""
         extra: tuple[str, ...] = ()
         if method == "abort":
-            reason = data.draw(st.sampled_from((*ABORT_REASONS, None, "reboot")), label="reason")
             if reason == "reboot":
-                self.invalid_reason(data)
+                self.invalid_reason(pick, fitting)
                 return
             extra = () if reason is None else (reason,)
-        model, key, shown = self.pick(data, _CALLBACKS[method][0])
+        model, key, shown = self.pick(pick, fitting, _CALLBACKS[method][0])
         code = f"manager.{method}({', '.join([shown, *map(repr, extra)])})"
         applies = model is not None and model.state == _CALLBACKS[method][0]
         fn = self.attribute("lifecycle.callback_fencing", "manager", self.manager, method)
@@ -143,10 +147,10 @@ class _TransferMachine(LifecycleMachine):
         self.settle(model, method, extra[0] if extra else "cancel", code)
 
     @precondition(lambda self: self.transfers)
-    @rule(data=st.data())
+    @rule(pick=PICK, fitting=st.booleans())
     @judged
-    def read(self, data: st.DataObject) -> None:
-        self.check_read(*self.pick(data, "ready"), record=True)
+    def read(self, pick: int, fitting: bool) -> None:
+        self.check_read(*self.pick(pick, fitting, "ready"), record=True)
 
     # ------------------------------------------------------------ operations
 
@@ -208,20 +212,20 @@ class _TransferMachine(LifecycleMachine):
         model.held.discard(pin)
         self.oracle.unpin(pin)
 
-    def invalid_reason(self, data: st.DataObject) -> None:
-        _, key, shown = self.pick(data, "in_flight")
+    def invalid_reason(self, pick: int, fitting: bool) -> None:
+        _, key, shown = self.pick(pick, fitting, "in_flight")
         code = f"manager.abort({shown}, 'reboot')"
         clause = "lifecycle.abort_reason"
         self.must_raise(clause, code, self.manager.abort, key, "reboot", expected=(ValueError,))
         self.expect_owners(clause, code)
         self.expect_free(clause, code)
 
-    def pick(self, data: st.DataObject, fitting: str) -> tuple[_Transfer | None, Any, str]:
-        """Usually a transfer in state ``fitting`` when there is one, else any transfer or a key never returned."""
-        candidates: list[_Transfer | None] = [t for t in self.transfers if t.state == fitting]
-        if not (data.draw(st.booleans(), label="any key") and candidates):
+    def pick(self, pick: int, fitting: bool, state: str) -> tuple[_Transfer | None, Any, str]:
+        """With ``fitting``, a transfer in ``state`` when there is one; else any transfer or a key never returned."""
+        candidates: list[_Transfer | None] = [t for t in self.transfers if t.state == state]
+        if not (fitting and candidates):
             candidates = [*self.transfers, None]
-        model = choose(data, candidates, "transfer")
+        model = choose(pick, candidates)
         if model is None:
             key = self.stale_key()
             return None, key, repr(key)

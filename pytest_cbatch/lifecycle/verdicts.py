@@ -16,9 +16,9 @@ from .transfer import transfer_machine
 __all__ = ["MACHINES", "MAX_FAILURES", "MIN_STEPS", "Verdict", "lifecycle_settings", "lifecycle_verdicts",
            "missing_parts"]
 
-MIN_STEPS = 80
-"""Floor for ``stateful_step_count``: replay and drain bugs need long histories, and Hypothesis
-ends a share of its runs early, so a profile's usual 50 steps would leave the machines thin."""
+MIN_STEPS = 50
+"""Floor for ``stateful_step_count`` (a profile may ask for more): replay and drain bugs need
+histories of a few dozen operations."""
 
 MAX_FAILURES = 4
 """How many failing clauses ``lifecycle_verdicts`` isolates in one part before it stops judging."""

@@ -14,8 +14,8 @@ from pytest_cbatch.gpu_checks.checks import (  # noqa: E402
     SCHEDULE_CHECKS, TOLERANCES, _tolerance_failures, mutant_kill_matrix, run_invariance_checks,
     run_preemption_check, run_schedule_checks,
 )
-from pytest_cbatch.gpu_checks.cli import _workloads  # noqa: E402
-from pytest_cbatch.gpu_checks.engine import BUGS  # noqa: E402
+from pytest_cbatch.gpu_checks.engine import BUG_REGIMES, BUGS  # noqa: E402
+from pytest_cbatch.gpu_checks.profiles import _short_workloads  # noqa: E402
 from pytest_cbatch.gpu_checks.metrics import compare  # noqa: E402
 from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, alone_schedule  # noqa: E402
 from pytest_cbatch.gpu_checks.streams import Records  # noqa: E402
@@ -46,14 +46,20 @@ def test_reference_schedules_pass_every_check(workload: str, dtype: str) -> None
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_preemption_and_recompute_match_the_run_without_preemption(dtype: str) -> None:
-    trace, preempted = reference_report("preempt")
-    _, baseline = reference_report("preempt", "baseline")
-    assert any(e["event"] == "preempted" for e in preempted["events"])
+@pytest.mark.parametrize("source", ["reference", "kit"])
+def test_preemption_and_recompute_match_the_run_without_preemption(dtype: str, source: str) -> None:
+    w = SUITE_WORKLOADS["preempt"]
+    if source == "kit":   # scripted: preempts whatever the reference's policy does
+        preempted, baseline = w.kit_reports()
+    else:
+        (_, preempted), (_, baseline) = reference_report("preempt"), reference_report("preempt", "baseline")
     assert not any(e["event"] == "preempted" for e in baseline["events"])
-    result = run_preemption_check(trace, preempted, baseline, dtype=dtype)
+    result = run_preemption_check(w.trace, preempted, baseline, dtype=dtype, block_size=w.config["block_size"])
     assert result.passed, result.summary()
-    assert result.details["recomputed"] > 0
+    if source == "kit" or any(e["event"] == "preempted" for e in preempted["events"]):
+        assert not result.skipped and result.details["recomputed"] > 0, result.summary()
+    else:
+        assert result.skipped
 
 
 def test_bfloat16_uses_the_ratio_rule_against_a_float64_oracle() -> None:
@@ -80,25 +86,38 @@ def test_a_schedule_without_chunked_prefill_skips_the_chunk_check() -> None:
     assert result.skipped and result.passed
 
 
+SHORT_BUGS = [bug for bug, regime in BUG_REGIMES.items() if regime == "short"]
+NEEDS_PREEMPTION = {"stale_block_table"}
+
+
 def _kill_workloads() -> dict[str, tuple[list[dict[str, Any]], dict[str, Any], int]]:
     trace, report = reference_report("preempt")
-    _, fcfs_trace, fcfs_report, _ = _workloads(16, 80, quick=False)[2]
-    return {"reference-optimistic": (trace, report, 4), "fcfs-scripted": (fcfs_trace, fcfs_report, 16)}
+    fcfs_trace, fcfs_report, _, bs = _short_workloads(16, 80, quick=False)["preempt"]
+    return {"reference-optimistic": (trace, report, 4), "fcfs-scripted": (fcfs_trace, fcfs_report, bs)}
 
 
 @pytest.fixture(scope="module", params=["reference-optimistic", "fcfs-scripted"])
 def kill_matrix(request: pytest.FixtureRequest) -> dict[str, Any]:
     trace, report, bs = _kill_workloads()[request.param]
-    return {r.name: r for r in mutant_kill_matrix(trace, report, dtype="float64", block_size=bs)}
+    results = {r.name: r for r in mutant_kill_matrix(trace, report, dtype="float64", block_size=bs, bugs=SHORT_BUGS)}
+    results["preempts"] = any(e["event"] == "preempted" for e in report["events"])
+    return results
 
 
 def test_clean_engine_passes_the_kill_checks(kill_matrix: dict[str, Any]) -> None:
     assert kill_matrix["clean"].passed, kill_matrix["clean"].summary()
 
 
-@pytest.mark.parametrize("bug", list(BUGS))
+def test_every_bug_has_a_regime() -> None:
+    assert set(BUG_REGIMES) == set(BUGS) and set(BUG_REGIMES.values()) == {"short", "long_context", "large_scores"}
+
+
+@pytest.mark.parametrize("bug", SHORT_BUGS)
 def test_every_injected_bug_is_caught_numerically(bug: str, kill_matrix: dict[str, Any]) -> None:
     result = kill_matrix[f"mutant:{bug}"]
+    if bug in NEEDS_PREEMPTION and not kill_matrix["preempts"]:   # the schedule gives the bug nothing to break
+        assert not result.passed and not result.details["caught_by"], result.summary()
+        return
     assert result.passed and result.details["caught_by"], result.summary()
     assert not result.details["crashed"], result.details["crashed"]
     # margin: the weakest mutant must stand far above the fp32 tolerance, not just above fp64 noise

@@ -54,6 +54,34 @@ def test_suite_module_runs_on_the_reference_scheduler(pytester: pytest.Pytester)
     result.assert_outcomes(passed=8)
 
 
+BROKEN_SCHEMA = """
+from pytest_cbatch.reference.scheduler_sim import simulate as reference
+
+
+def simulate(trace, **config):
+    report = reference(trace, **config)
+    for event in report["events"]:
+        for row in event.get("work", []):
+            row["tokens"] = row.pop("input_tokens")   # a dispatch row without its required field
+    return report
+"""
+
+
+def test_a_schema_invalid_report_skips_the_numerics_and_points_at_schema_valid(pytester: pytest.Pytester) -> None:
+    import pytest_cbatch.suite as suite
+
+    pytester.makepyfile(broken_schema=BROKEN_SCHEMA)
+    module = Path(suite.__file__).with_name("test_numerics.py")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cbatch-impl=broken_schema.py:simulate",
+                                           "-rs", "-k", "float64-demo or float64-long", str(module))
+    text = result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 10 and "passed" not in outcomes and "failed" not in outcomes, text
+    assert "KeyError" not in text and "Traceback" not in text
+    assert "[schema_valid] the report of workload 'demo' fails schema_valid" in text
+    assert "/events/" in text and "replay: pytest --cbatch-impl=broken_schema.py:simulate -k schema_valid" in text
+
+
 def test_a_check_that_raises_is_recorded_as_a_failure_and_the_run_goes_on() -> None:
     from pytest_cbatch.gpu_checks.cli import _guarded
 

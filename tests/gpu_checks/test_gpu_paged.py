@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="gpu_checks need torch")
 
-from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, run_attention_parity  # noqa: E402
+from pytest_cbatch.gpu_checks.attention import run_attention_parity  # noqa: E402
 from pytest_cbatch.gpu_checks.paged import (  # noqa: E402
     BlockAllocator, KVCache, PoolExhausted, RowSpec, build_metadata, paged_attention,
 )
