@@ -11,8 +11,6 @@ must catch it::
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any
-
 from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
 
 __all__ = ["BROKEN"]
@@ -36,8 +34,9 @@ class CopyingForkPool(PagedKV):
     """fork() copies every page instead of sharing it."""
 
     def fork(self, source: str, target: str) -> None:
-        super().create(target)
-        for token in self.read(source):
+        rows = self.read(source)
+        self.create(target)
+        for token in rows:
             self.append(target, token)
 
 
@@ -50,7 +49,7 @@ class RefeedRequest(RecomputeRequest):
     def resume(self) -> bool:
         replay = self.state == "preempted"
         resumed = super().resume()
-        if resumed and replay and self.outputs:
+        if resumed and replay and self.outputs and self.pool.free:
             self.pool.append(self.owner, self.outputs[-1])
         return resumed
 
@@ -144,13 +143,14 @@ class EagerAbortManager(TransferManager):
     """abort() frees the transfer's pages at once instead of waiting for the drain acknowledgement."""
 
     def abort(self, key: str, reason: str = "cancel") -> bool:
-        aborted = super().abort(key, reason)
-        if aborted:
-            record = self.records[key]
-            self.pool.unpin(record.source_pin)
-            self.pool.unpin(record.destination_pin)
-            record.source_pin = record.destination_pin = "gone"  # so check() does not notice
-        return aborted
+        if not super().abort(key, reason):
+            return False
+        record = self.records[key]
+        self.pool.unpin(record.source_pin)
+        self.pool.unpin(record.destination_pin)
+        record.state = "drained"
+        del self.rooms[record.room]
+        return True
 
 
 class LiveSourceManager(TransferManager):
@@ -179,41 +179,33 @@ class RoomLookupManager(TransferManager):
 
 
 class LeakyRollbackManager(TransferManager):
-    """A begin() whose destination cannot be reserved leaves the source pin behind."""
+    """A begin() whose destination cannot be reserved leaves the source pinned."""
 
     def begin(self, source: str, room: str) -> str:
-        unpin = self.pool.unpin
-        self.pool.unpin = lambda name: None  # type: ignore[method-assign]  # the rollback's unpin is lost
         try:
             return super().begin(source, room)
-        finally:
-            self.pool.unpin = unpin  # type: ignore[method-assign]
+        except MemoryError:
+            self.pool.pin(source, f"_transfer/{self.generation}/source")  # undoes the rollback's unpin
+            raise
 
 
 class ReusedKeyManager(TransferManager):
-    """Keys count live transfers, so a key comes back once its transfer ended."""
+    """Numbering restarts whenever nothing is live, so an ended transfer's key comes back."""
 
     def begin(self, source: str, room: str) -> str:
-        key = super().begin(source, room)
-        reused = f"_transfer/{len(self.rooms)}"
-        if reused == key or reused in self.pool.tables:
-            return key
-        record = self.records.pop(key)
-        self.records[reused] = record
-        self.rooms[room] = reused
-        record.key = reused
-        return reused
+        if not self.rooms:
+            self.generation = 0
+        return super().begin(source, room)
 
 
 class AnyReasonManager(TransferManager):
     """abort() takes any reason."""
 
     def abort(self, key: str, reason: str = "cancel") -> bool:
-        return super().abort(key, "cancel") and self._set_reason(key, reason)
-
-    def _set_reason(self, key: str, reason: str) -> bool:
-        self.records[key].reason = reason
-        return True
+        aborted = super().abort(key)
+        if aborted:
+            self.records[key].reason = reason
+        return aborted
 
 
 class EarlyReadManager(TransferManager):
@@ -227,22 +219,23 @@ class EarlyReadManager(TransferManager):
 
 
 class PinLeakManager(TransferManager):
-    """complete() and release_output() never drop the source pin."""
+    """complete() keeps the source pin, and release_output() does not drop it either."""
 
     def complete(self, key: str) -> bool:
         record = self.records.get(key)
         if record is None or record.state != "in_flight":
-            return False
-        pin = record.source_pin
-        record.source_pin = f"{pin}#kept"  # complete() unpins this name: nothing
-        self.pool.transfers[record.source_pin] = self.pool.transfers[pin]
-        for page in self.pool.transfers[pin]:
-            self.pool.pages[page].pins.add(record.source_pin)
-        return super().complete(key) and self._keep(record, pin)
-
-    def _keep(self, record: Any, pin: str) -> bool:
-        record.source_pin = pin
+            return super().complete(key)
+        offset = 0
+        for page_id in record.destination_pages:
+            tokens = self.pool.pages[page_id].tokens
+            tokens[:] = record.snapshot[offset : offset + len(tokens)]
+            offset += len(tokens)
+        self.pool.unpin(record.destination_pin)
+        record.state = "ready"
         return True
+
+    def check(self) -> None:  # its own check() shares the blind spot
+        self.pool.check()
 
 
 def _namespace(**overrides: type) -> SimpleNamespace:

@@ -26,7 +26,6 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import torch
 
 from .engine import BUGS, EngineConfig, run_schedule
 from .metrics import Metrics, compare

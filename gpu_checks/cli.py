@@ -106,7 +106,7 @@ def _run_checks(built: Any, device: str, dtypes: Sequence[str], seed: int, deadl
     results: list[Any] = []
     for dtype in dtypes:
         for stage in built.stages:
-            if stage.dtypes and dtype not in stage.dtypes:
+            if dtype not in stage.runs_in(tuple(dtypes)):
                 continue
             name, thunk = _stage_call(stage, built, {"dtype": dtype, "device": device, "seed": seed})
             if time.perf_counter() > deadline:

@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 __all__ = [
-    "ALIGNS", "BACKENDS", "MERGES", "SOFTMAXES", "SPLIT_KV_PARTITION", "LOOP_SCORE_BUDGET", "Metadata", "RowSpec", "build_metadata",
+    "ALIGNS", "BACKENDS", "MERGES", "SOFTMAXES", "SPLIT_KV_PARTITION", "LOOP_SCORE_BUDGET",
+    "Metadata", "RowSpec", "build_metadata",
     "KVCache", "BlockAllocator", "PoolExhausted", "PagedAttention", "paged_attention",
 ]
 

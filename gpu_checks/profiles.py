@@ -23,7 +23,7 @@ one H100/H200 inside its time budget.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .engine import BUG_REGIMES
@@ -51,8 +51,8 @@ class Stage:
 
     ``kind``: ``attention`` (``q_gain`` 1 or large), ``schedule`` (``checks``),
     ``preemption``, ``invariance`` or ``kill`` (``bugs`` judged by ``checks``).
-    ``dtypes`` restricts the stage (empty: every dtype of the run); ``quick``
-    says whether ``--quick`` keeps it.
+    ``dtypes`` restricts the stage (empty: every dtype of the run), ``once``
+    runs it in the first of those only; ``quick`` says whether ``--quick`` keeps it.
     """
 
     kind: str
@@ -63,6 +63,12 @@ class Stage:
     q_gain: float = 1.0
     dtypes: tuple[str, ...] = ()
     quick: bool = True
+    once: bool = False
+
+    def runs_in(self, dtypes: tuple[str, ...]) -> tuple[str, ...]:
+        """The dtypes of a run (in order) this stage runs in."""
+        mine = tuple(d for d in dtypes if not self.dtypes or d in self.dtypes)
+        return mine[:1] if self.once else mine
 
 
 @dataclass(frozen=True)
@@ -159,9 +165,9 @@ PROFILES: dict[str, Profile] = {
             Stage("schedule", "long", "narrow"),
             Stage("schedule", "long", "narrow-hot", checks=("large_scores",)),
             Stage("preemption", "long-preempt", "narrow"),
-            Stage("kill", "long", "narrow", bugs=LONG_BUGS, quick=False),
+            Stage("kill", "long", "narrow", bugs=LONG_BUGS, quick=False, once=True),
             Stage("kill", "long", "narrow-hot", checks=("large_scores",), bugs=LARGE_SCORE_BUGS,
-                  dtypes=_LOW_PRECISION, quick=False),
+                  dtypes=_LOW_PRECISION, quick=False, once=True),
         ])),
     "gpu": Profile(
         # 360 s of stages and timings leave a minute of a 7-minute session for start-up and the JSON
@@ -173,7 +179,7 @@ PROFILES: dict[str, Profile] = {
             Stage("schedule", "batch64", "gpu-small", checks=("batched_vs_alone", "page_reuse", "row_order")),
             Stage("schedule", "batch64", "gpu-small-hot", checks=("large_scores",)),
             Stage("preemption", "batch64", "gpu-small"),
-            Stage("kill", "long-gpu", "gpu-small", bugs=LONG_BUGS, dtypes=("float32",), quick=False),
+            Stage("kill", "long-gpu", "gpu-small", bugs=LONG_BUGS, dtypes=("float32",), quick=False, once=True),
             Stage("kill", "batch64", "gpu-small-hot", checks=("large_scores",), bugs=LARGE_SCORE_BUGS,
                   dtypes=_LOW_PRECISION, quick=False),
         ])),
@@ -187,8 +193,7 @@ def build(profile: Profile, quick: bool = False) -> Built:
     workloads = _short_workloads(bs, max_len, quick)
     stages = [s for s in profile.stages if s.quick or not quick]
     if quick:
-        stages = [Stage(s.kind, s.workload, s.preset, s.checks, QUICK_BUGS, s.q_gain, s.dtypes, s.quick)
-                  if s.bugs == SHORT_BUGS else s for s in stages]
+        stages = [replace(s, bugs=QUICK_BUGS) if s.bugs == SHORT_BUGS else s for s in stages]
     names = {s.workload for s in stages}
     for name in names & {"long", "long-preempt"}:
         workloads[name] = _suite_long(name)
@@ -235,7 +240,7 @@ def estimate(built: Built, dtypes: tuple[str, ...]) -> dict[str, Any]:
         trace, report, baseline, bs = built.workloads[stage.workload]
         cfg = PRESETS[stage.preset]
         n_steps, n_pos = _dispatch_stats(report)
-        stage_dtypes = [d for d in dtypes if not stage.dtypes or d in stage.dtypes]
+        stage_dtypes = stage.runs_in(dtypes)
         runs = _engine_runs(stage)
         token_steps = n_pos * 4 if stage.kind == "invariance" else 0
         steps += len(stage_dtypes) * (runs * n_steps + token_steps)

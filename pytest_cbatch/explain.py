@@ -91,8 +91,12 @@ def explain_failure(
     report: Mapping[str, Any] | None,
     trace_path: str,
     shrunk_from: int | None = None,
+    replay_spec: str | None = None,
 ) -> str:
-    """The full failure text: clause, violations, config, trace, timelines, replay."""
+    """The full failure text: clause, violations, config, trace, timelines, replay.
+
+    ``replay_spec`` is the SPEC the replay command names (a file's absolute path, say), default ``spec``.
+    """
     lines = [f"[{clause}] failed on workload {workload!r} with --cbatch-impl={spec}",
              f"  clause: {clause_statement(clause)}"]
     for v in violations[:MAX_VIOLATIONS]:
@@ -109,5 +113,5 @@ def explain_failure(
         lines.append("timeline:")
         lines += ["  " + timeline(report, rid) for rid in ids[:MAX_TIMELINES]]
     lines.append("replay:")
-    lines.append("  " + replay_command(spec, trace_path, config, clause))
+    lines.append("  " + replay_command(replay_spec or spec, trace_path, config, clause))
     return "\n".join(lines)

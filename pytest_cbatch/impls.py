@@ -86,6 +86,11 @@ class Implementation:
     spec: str
     source: str          # where it came from, for the report header
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
+    replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
+
+    def replay(self) -> str:
+        """The SPEC a replay command should name, valid from any directory."""
+        return self.replay_spec or self.spec
 
     def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
         """Why ``config`` cannot run here (a missing capability), or None."""
@@ -231,15 +236,18 @@ def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None
     if spec.startswith("exec:"):
         return ExecImplementation(spec, spec[len("exec:"):], timeout)
     if spec.endswith(".py"):
-        return PythonImplementation(spec, _load_file(spec, spec, rootdir), f"file {spec}")
+        return _with_replay(PythonImplementation(spec, _load_file(spec, spec, rootdir), f"file {spec}"),
+                            spec, rootdir)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         if where.endswith(".py"):
-            return PythonImplementation(spec, _load_file_attr(spec, where, attr, rootdir), f"file {where}")
+            impl = PythonImplementation(spec, _load_file_attr(spec, where, attr, rootdir), f"file {where}")
+            return _with_replay(impl, where, rootdir, ":" + attr)
         return PythonImplementation(spec, _import_attr(spec, where, attr), f"module {where}")
     looks_like_path = "/" in spec or os.sep in spec
     if looks_like_path and os.path.isdir(_resolve_path(spec, spec, rootdir)):
-        return PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}")
+        return _with_replay(PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}"),
+                            spec, rootdir)
     impls = available_impls()
     if spec in impls:
         target = impls[spec]
@@ -247,10 +255,16 @@ def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None
         obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
         return PythonImplementation(spec, obj, f"entry point {spec} = {target}")
     if os.path.isdir(_resolve_path(spec, spec, rootdir)):
-        return PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}")
+        return _with_replay(PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}"),
+                            spec, rootdir)
     if all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]):
         return PythonImplementation(spec, _import_module(spec, spec), f"module {spec}")
     raise ImplementationError(_unknown_spec_message(spec, impls))
+
+
+def _with_replay(impl: Implementation, path: str, rootdir: str | None, suffix: str = "") -> Implementation:
+    impl.replay_spec = os.path.abspath(_resolve_path(impl.spec, path, rootdir)) + suffix
+    return impl
 
 
 def _unknown_spec_message(spec: str, impls: Mapping[str, str]) -> str:

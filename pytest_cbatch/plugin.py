@@ -19,6 +19,7 @@ import pytest
 
 SUITE_PACKAGE = "pytest_cbatch.suite"
 PROFILES = ("ci", "dev", "thorough")
+OUTCOMES = ("passed", "failed", "skipped", "xfailed", "xpassed", "error")
 
 _STATE = pytest.StashKey["CbatchState"]()
 
@@ -77,7 +78,7 @@ class CbatchState:
 
     def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False) -> None:
         """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary."""
-        empty = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
+        empty = dict.fromkeys(OUTCOMES, 0)
         self.parts.setdefault(part, dict(empty))[outcome] += 1
         if clause is not None:
             self.outcomes.setdefault(clause, dict(empty))[outcome] += 1
@@ -237,6 +238,8 @@ class _Reporter:
             return
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             outcome = "error" if report.when == "setup" and report.failed else report.outcome
+            if hasattr(report, "wasxfail"):  # pytest counts expected failures apart (--cbatch-expect)
+                outcome = "xfailed" if report.skipped else "xpassed"
         elif report.when == "teardown" and report.failed:
             outcome = "error"
         else:
@@ -250,13 +253,15 @@ class _Reporter:
         if not parts:
             return
         tr.section("pytest-cbatch")
-        line = ", ".join(f"{part} {_counts_text(counts)}" for part, counts in parts.items())
-        tr.write_line(f"impl {self.state.spec}: {line}")
         outcomes = self.state.outcomes
-        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"])
+        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"] + n["xfailed"] + n["xpassed"])
         failed = sorted(c for c, n in outcomes.items() if n["failed"] + n["error"])
-        never = sorted(c for c, n in outcomes.items() if not n["passed"] + n["failed"] + n["error"])
-        tr.write_line(f"clauses: {len(ran)} of {len(outcomes)} ran")
+        never = sorted(c for c, n in outcomes.items() if c not in ran and not n["error"])
+        total = {k: sum(n[k] for n in parts.values()) for k in OUTCOMES}
+        errors = "".join(f", {total[k]} {k}" for k in ("xfailed", "xpassed", "error") if total[k])
+        tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran ({total['passed']} checks "
+                      f"passed, {total['failed']} failed, {total['skipped']} skipped{errors})")
+        tr.write_line("by part: " + "; ".join(f"{part} {_counts_text(counts)}" for part, counts in parts.items()))
         if failed:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
@@ -266,7 +271,6 @@ class _Reporter:
             tr.write_line(f"NOT OBSERVABLE: {hidden} checks skipped because this implementation's reports cannot "
                           f"show what their clause needs (client-side reports carry no snapshots or dispatches); "
                           f"those clauses were not judged.", yellow=True, bold=True)
-        total = {k: sum(n[k] for n in parts.values()) for k in ("passed", "failed", "skipped", "error")}
         if total["skipped"] > total["passed"] + total["failed"] + total["error"]:
             tr.write_line(f"WARNING: most conformance checks were SKIPPED ({total['skipped']} of "
                           f"{sum(total.values())}); a green run proves little here. See why with -rs.",
@@ -274,7 +278,7 @@ class _Reporter:
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
-    shown = [f"{counts[k]} {k}" for k in ("passed", "failed", "skipped", "error") if counts[k]]
+    shown = [f"{counts[k]} {k}" for k in OUTCOMES if counts[k]]
     return ", ".join(shown) or "nothing ran"
 
 
@@ -356,9 +360,9 @@ def fail_clause(
             if retry.status == "fail":
                 trace, result = smaller, retry
     path = _write_artifact(state.artifacts, f"{clause}-{workload}.jsonl", trace_jsonl(trace))
-    text = explain_failure(spec=state.spec, clause=clause, workload=workload, violations=result.violations,
-                           trace=trace, config=config, report=result.report, trace_path=path,
-                           shrunk_from=original)
+    text = explain_failure(spec=state.spec, replay_spec=state.impl.replay(), clause=clause, workload=workload,
+                           violations=result.violations, trace=trace, config=config, report=result.report,
+                           trace_path=path, shrunk_from=original)
     pytest.fail(text, pytrace=False)
 
 

@@ -1,79 +1,166 @@
-"""The lifecycle machines accept the reference and catch every broken lifecycle by the expected clause.
+"""The lifecycle machines pass every correct implementation and catch every broken one by its own clause.
 
-The machines run directly under small derandomized settings, not through the
-plugin, so these results do not depend on a Hypothesis profile.
+Correct: the reference, the variant that makes the other choice on every
+freedom, and the published files as a student has them (a folder holding
+copies of scheduler_sim.py and scheduler_faults.py).  Broken: every namespace
+of examples/broken_lifecycle.py.  The machines run directly under small
+derandomized settings, not through the plugin, so these results do not depend
+on a Hypothesis profile.
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from pytest_cbatch.examples import lifecycle_variant
 from pytest_cbatch.examples.broken_lifecycle import BROKEN
 from pytest_cbatch.lifecycle import (
     LIFECYCLE_CLAUSES,
     MACHINES,
+    PART_CLAUSES,
     PARTS,
     LifecycleViolation,
     lifecycle_settings,
+    lifecycle_verdicts,
     missing_parts,
 )
 from pytest_cbatch.reference import scheduler_faults
 
-# No shrink phase: detection and the clause id are what is tested, and shrinking costs seconds per bug.
-SETTINGS = lifecycle_settings(
-    settings(max_examples=40, derandomize=True, database=None, deadline=None, print_blob=False,
-             report_multiple_bugs=False, phases=(Phase.explicit, Phase.generate))
-)
+REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
+BASE = settings(max_examples=40, derandomize=True, database=None, deadline=None, print_blob=False)
+# No shrink phase where detection, clause ids and scripts are tested: shrinking a failure costs tens of seconds.
+NO_SHRINK = settings(BASE, phases=(Phase.explicit, Phase.generate))
+DETECT = lifecycle_settings(NO_SHRINK)
+
+SEED_EXAMPLES = {
+    "recompute": """\
+from scheduler_faults import PagedKV, RecomputeRequest
+
+pool = PagedKV(capacity=4, block_size=2)
+request = RecomputeRequest(pool, "r", [10, 11, 12])
+assert request.resume()
+request.sample(20)
+request.sample(21)
+request.preempt()
+assert len(pool.free) == 4
+assert request.resume()
+assert request.recomputed_rows == 4
+assert pool.read("r") == [10, 11, 12, 20]
+request.sample(22)
+assert request.outputs == [20, 21, 22]
+request.cancel()
+assert len(pool.free) == 4
+""",
+    "ledger": """\
+from scheduler_faults import PagedKV, RecomputeRequest, TransferManager
+
+pool = PagedKV(4, 2)
+request = RecomputeRequest(pool, "r", [1, 2, 3])
+assert request.resume()
+manager = TransferManager(pool)
+old = manager.begin("r", "room-a")
+request.preempt()
+assert manager.abort(old, "consumer_failure")
+assert len(pool.free) == 0
+assert not request.resume()
+assert not manager.complete(old)
+assert manager.acknowledge_drained(old)
+assert len(pool.free) == 4
+assert request.resume()
+new = manager.begin("r", "room-a")
+assert new != old
+assert not manager.complete(old)
+assert manager.complete(new)
+assert manager.read(new) == [1, 2, 3]
+manager.release_output(new)
+request.cancel()
+assert len(pool.free) == 4
+""",
+}
 
 
 def broken_part(namespace: object) -> str:
-    """The one part whose class the broken namespace replaces."""
+    """The one part whose class the broken namespace replaces (a broken pool is judged by the allocator)."""
     parts = [p for p, name in PARTS.items() if getattr(namespace, name) is not getattr(scheduler_faults, name)]
+    if namespace.PagedKV is not scheduler_faults.PagedKV:  # type: ignore[attr-defined]
+        parts = ["allocator"]
     assert len(parts) == 1, parts
     return parts[0]
 
 
-def run_part(part: str, namespace: object) -> None:
-    run_state_machine_as_test(MACHINES[part](namespace), settings=SETTINGS)
+@pytest.fixture(scope="module")
+def published_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A student's folder: the two published files side by side, nothing else."""
+    folder = tmp_path_factory.mktemp("course")
+    for name in ("scheduler_sim.py", "scheduler_faults.py"):
+        shutil.copy(REFERENCE_DIR / name, folder / name)
+    return folder
 
 
 @pytest.mark.parametrize("part", list(PARTS))
-def test_reference_conforms(part: str) -> None:
-    run_part(part, scheduler_faults)
+@pytest.mark.parametrize("name,namespace", [("reference", scheduler_faults), ("variant", lifecycle_variant)])
+def test_correct_implementations_pass_every_clause(name: str, namespace: object, part: str) -> None:
+    verdicts = lifecycle_verdicts(part, namespace, BASE)
+    assert set(verdicts) == set(PART_CLAUSES[part])
+    failed = {cid: v.message for cid, v in verdicts.items() if v.status != "pass"}
+    assert not failed, "\n".join(failed.values())
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_broken_lifecycle_is_caught_by_its_clause(name: str) -> None:
     namespace, clause = BROKEN[name]
     with pytest.raises(LifecycleViolation) as caught:
-        run_part(broken_part(namespace), namespace)
+        run_state_machine_as_test(MACHINES[broken_part(namespace)](namespace), settings=DETECT)
     assert caught.value.clause == clause, str(caught.value)
     assert str(caught.value).startswith(f"[{clause}] ")
 
 
+def test_verdicts_isolate_one_bug_from_the_other_clauses() -> None:
+    namespace, clause = BROKEN["abort_any_reason"]
+    verdicts = lifecycle_verdicts("transfer", namespace, NO_SHRINK)
+    assert verdicts[clause].status == "fail" and verdicts[clause].message.startswith(f"[{clause}] ")
+    assert {cid for cid, v in verdicts.items() if v.status != "pass"} == {clause}
+
+
+def test_verdicts_stop_after_the_bound_and_say_so() -> None:
+    namespace, _ = BROKEN["append_without_cow"]
+    verdicts = lifecycle_verdicts("allocator", namespace, NO_SHRINK, max_failures=1)
+    statuses = sorted(v.status for v in verdicts.values())
+    assert statuses.count("fail") == 1 and "pass" not in statuses
+    assert all("stopped after 1 failing clauses" in v.message for v in verdicts.values() if v.status == "skip")
+
+
+def test_verdicts_skip_a_missing_part_and_refuse_an_unknown_one() -> None:
+    only_pool = SimpleNamespace(PagedKV=scheduler_faults.PagedKV)
+    assert {v.status for v in lifecycle_verdicts("transfer", only_pool, BASE).values()} == {"skip"}
+    with pytest.raises(ValueError, match="unknown lifecycle part"):
+        lifecycle_verdicts("scheduler", scheduler_faults, BASE)
+
+
 def test_falsifying_example_replays_as_python() -> None:
-    """The note lines of a failure are a runnable script that reproduces it."""
-    namespace, _ = BROKEN["second_cancel_raises"]
+    """The replay of a failure runs as a script and fails on its last line, on that implementation."""
+    namespace, clause = BROKEN["second_cancel_raises"]
     with pytest.raises(LifecycleViolation) as caught:
-        run_part("recompute", namespace)
-    notes = getattr(caught.value, "__notes__", [])
-    hypothesis_lines = ("Falsifying", "Failing", "state", "Draw ", "Explanation", " ")  # across versions
-    *steps, failing = [line for note in notes for line in note.splitlines()
-                       if line and not line.startswith(hypothesis_lines)]
-    assert any(line.startswith("pool = PagedKV(") for line in steps)
-    assert ".cancel()  # raised RuntimeError" in failing
-    scope = {name: getattr(namespace, name) for name in PARTS.values()}
-    exec("\n".join(steps), scope)
+        run_state_machine_as_test(MACHINES["recompute"](namespace), settings=DETECT)
+    *steps, last = caught.value.replay.splitlines()
+    assert last.endswith(".cancel()") and caught.value.clause == clause
+    scope = {name: getattr(namespace, name) for name in ("PagedKV", *PARTS.values())}
+    exec("\n".join(steps), scope)  # everything before the violation runs cleanly
     with pytest.raises(RuntimeError, match="already cancelled"):
-        exec(failing, scope)
+        exec(last, scope)
 
 
-def test_every_expected_clause_is_a_lifecycle_clause() -> None:
+def test_every_clause_belongs_to_a_part_and_is_one_line() -> None:
     assert {clause for _, clause in BROKEN.values()} <= set(LIFECYCLE_CLAUSES)
+    assert set().union(*PART_CLAUSES.values()) == set(LIFECYCLE_CLAUSES)
     for clause, statement in LIFECYCLE_CLAUSES.items():
         assert clause.startswith("lifecycle.") and statement and "\n" not in statement
 
@@ -84,3 +171,36 @@ def test_missing_parts_names_what_is_absent() -> None:
     only_pool = missing_parts(SimpleNamespace(PagedKV=scheduler_faults.PagedKV))
     assert set(only_pool) == {"recompute", "transfer"}
     assert "RecomputeRequest" in only_pool["recompute"] and "PagedKV" not in only_pool["recompute"]
+
+
+@pytest.mark.parametrize("example", sorted(SEED_EXAMPLES))
+def test_seed_examples_run_verbatim_in_the_published_folder(published_folder: Path, example: str) -> None:
+    run = subprocess.run([sys.executable, "-c", SEED_EXAMPLES[example]], cwd=published_folder,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize("example", sorted(SEED_EXAMPLES))
+def test_seed_examples_run_against_the_variant(example: str) -> None:
+    scope = {"PagedKV": lifecycle_variant.PagedKV, "RecomputeRequest": lifecycle_variant.RecomputeRequest,
+             "TransferManager": lifecycle_variant.TransferManager}
+    body = "\n".join(line for line in SEED_EXAMPLES[example].splitlines() if not line.startswith("from "))
+    exec(compile(body, f"<seed example {example}>", "exec"), scope)
+
+
+def test_published_files_pass_the_suite_by_file_path(published_folder: Path) -> None:
+    """``--cbatch-impl=path/to/scheduler_faults.py`` (no :attr) is that module, its folder on sys.path."""
+    target = published_folder / "scheduler_faults.py"
+    runner = published_folder.parent / f"{published_folder.name}-runner"
+    runner.mkdir(exist_ok=True)
+    (runner / "conftest.py").write_text(  # a smaller derandomized profile keeps this run short
+        "from hypothesis import settings\n"
+        "settings.register_profile('brief', max_examples=30, derandomize=True, database=None)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--cbatch-impl={target}",
+         "-k", "test_lifecycle", "--hypothesis-profile=brief"],
+        cwd=runner, capture_output=True, text=True, timeout=300,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
+    assert "3 passed" in run.stdout, run.stdout[-2000:]

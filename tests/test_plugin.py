@@ -11,10 +11,12 @@ runs the whole suite, and ``test_suite_runs_under_strict_markers`` collects it.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import sys
 import xml.etree.ElementTree as ET
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -221,7 +223,7 @@ def test_each_spec_form_runs_the_suite(pytester: pytest.Pytester,
 
 @pytest.mark.parametrize("spec,fragments", [
     ("no_such_engine", ["'no_such_engine'", "installed", "reference",
-                        "package.module:attr", "path/to/file.py:attr", "exec:COMMAND"]),
+                        "package.module[:attr]", "path/to/file.py[:attr]", "exec:COMMAND"]),
     ("missing.py:simulate", ["missing.py", "no such file"]),
     ("student.py:no_such_attr", ["student.py", "no attribute 'no_such_attr'"]),
     ("needs_missing_dep:simulate", ["needs_missing_dep", "not_a_real_dependency_xyz"]),
@@ -345,10 +347,14 @@ def test_violation_is_explained_and_replayable(pytester: pytest.Pytester, capsys
     assert replay and len(set(replay)) == 1, out
     argv = shlex.split(replay[0])
     trace_path = argv[argv.index("--trace") + 1]
-    assert trace_path.startswith(".cbatch-failures/") and pytester.path.joinpath(trace_path).is_file()
+    assert Path(trace_path) == pytester.path / ".cbatch-failures" / "ttft_null_on_cancel-demo.jsonl"
+    assert Path(trace_path).is_file() and Path(argv[argv.index("--impl") + 1].partition(":")[0]).is_absolute()
 
     capsys.readouterr()
-    assert cli.main(argv[1:]) == 1  # pytester has chdir'd into the project, as the user would be
+    elsewhere = pytester.path / "elsewhere"
+    elsewhere.mkdir()
+    os.chdir(elsewhere)  # the replay works from any directory (pytester restores the cwd)
+    assert cli.main(argv[1:]) == 1
     printed = capsys.readouterr().out
     assert "[ttft_null_on_cancel]" in printed and "cancel-me" in printed, printed
 

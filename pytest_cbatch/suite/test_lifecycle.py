@@ -1,11 +1,12 @@
 """Conformance: the KV lifecycle (allocator, preemption with recomputation, transfers).
 
 One test per part, ids ``test_lifecycle[allocator|recompute|transfer]``. Each
-runs a Hypothesis state machine from ``pytest_cbatch.lifecycle`` against the
-``PagedKV``/``RecomputeRequest``/``TransferManager`` classes of the namespace
-the implementation points at, and skips a part the namespace does not provide.
-Example counts come from the active Hypothesis profile; a failure names the
-violated ``lifecycle.*`` clause and prints the operations as runnable Python.
+judges every clause of the part (``pytest_cbatch.lifecycle.lifecycle_verdicts``)
+against the ``PagedKV``/``RecomputeRequest``/``TransferManager`` of the
+namespace the implementation points at, and skips a part the namespace does
+not provide.  Example counts come from the active Hypothesis profile.  A
+failure lists every failing ``lifecycle.*`` clause (one bug does not hide the
+next), each with its operations as runnable Python.
 """
 
 from __future__ import annotations
@@ -13,16 +14,26 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis.stateful import run_state_machine_as_test
 
-from pytest_cbatch.lifecycle import MACHINES, PARTS, lifecycle_settings, missing_parts
+from pytest_cbatch.lifecycle import LIFECYCLE_CLAUSES, PARTS, lifecycle_verdicts, missing_parts
 
 
 @pytest.mark.parametrize("part", list(PARTS), ids=list(PARTS))
-def test_lifecycle(part: str, cbatch_impl: Any) -> None:
+def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) -> None:
+    request.node.user_properties += [("cbatch_clause", f"lifecycle.{part}"), ("cbatch_workload", part)]
     namespace = cbatch_impl.namespace
     reason = missing_parts(namespace).get(part)
     if reason is not None:
         pytest.skip(f"lifecycle {part}: {reason}")
-    machine = MACHINES[part](namespace)
-    run_state_machine_as_test(lambda: machine(), settings=lifecycle_settings())
+    verdicts = lifecycle_verdicts(part, namespace)
+    failed = {cid: verdict for cid, verdict in verdicts.items() if verdict.status != "pass"}
+    if not failed:
+        return
+    lines = []
+    for cid, verdict in failed.items():  # each message starts with its clause id
+        lines.append(verdict.message.rstrip() if verdict.status == "fail" else
+                     f"[{cid}] {verdict.status}: {verdict.message}\n  clause: {LIFECYCLE_CLAUSES[cid]}")
+    lines.append(f"{len(failed)} of {len(verdicts)} lifecycle {part} clauses do not hold for "
+                 f"--cbatch-impl={cbatch_impl.spec}: {', '.join(failed)}")
+    lines.append(f"rerun: pytest --cbatch-impl={cbatch_impl.spec} -k 'test_lifecycle and {part}'")
+    pytest.fail("\n".join(lines), pytrace=False)

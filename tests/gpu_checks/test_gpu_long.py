@@ -55,7 +55,8 @@ def _rows(report: dict[str, Any]) -> list[tuple[list[dict[str, Any]], dict[str, 
 @pytest.mark.parametrize("source", ["reference", "kit"])
 def test_the_long_workload_reaches_every_regime(source: str) -> None:
     steps = _rows(_report(source))
-    long_chunks = [w["input_tokens"] for work, _ in steps for w in work if w["id"] == "long" and w["phase"] == "prefill"]
+    long_chunks = [w["input_tokens"] for work, _ in steps for w in work
+                   if w["id"] == "long" and w["phase"] == "prefill"]
     assert long_chunks[:4] == [256] * 4 and sum(long_chunks) == 1100
     keys = max(fed["long"] for _, fed in steps)
     assert keys > ROPE_TABLE_POSITIONS and math.ceil(keys / BS) >= 70 > BLOCK_TABLE_PAGES
