@@ -43,6 +43,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cbatch-isolate", action="store_true", default=False,
                     help="run the implementation only in a sandbox child process (limits, scrubbed environment; "
                          "--cbatch-timeout is the limit per call)")
+    group.addoption("--cbatch-config", action="append", default=None, metavar="KEY=VALUE",
+                    help="override a base setting of every workload that does not set it itself, e.g. "
+                         "release_delay=0 for an engine that frees pages at once; repeatable (ini: cbatch_config, "
+                         "one KEY=VALUE per line)")
     group.addoption("--cbatch-suite", choices=("auto", "off"), default=None,
                     help="auto: with no paths given, run the shipped suite (default); off: never redirect "
                          "collection (ini: cbatch_suite)")
@@ -52,6 +56,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+    parser.addini("cbatch_config", "base-setting overrides, one KEY=VALUE per line (see --cbatch-config)",
+                  type="linelist", default=[])
     from .expect import add_options as add_expect_options
 
     add_expect_options(group, parser)
@@ -71,10 +77,16 @@ class CbatchState:
     artifacts: Path
     profile: str
     redirected: bool
+    overrides: dict[str, Any] = field(default_factory=dict)             # --cbatch-config
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
     _judge: Any = None
+
+    def workload_config(self, config: Mapping[str, Any], explicit: Sequence[str] = ()) -> dict[str, Any]:
+        """``config`` with the --cbatch-config overrides applied, except to the settings in ``explicit``
+        (those a fixed workload sets itself, because it exists to test them)."""
+        return {**config, **{k: v for k, v in self.overrides.items() if k not in explicit}}
 
     def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False) -> None:
         """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary."""
@@ -132,12 +144,34 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(suite_dir())]
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
-    state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected)
+    state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected,
+                        overrides=_config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config")))
     config.stash[_STATE] = state
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
     from .expect import configure as configure_expectations
 
     configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
+
+
+def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """Parse --cbatch-config KEY=VALUE items; a bad one is a usage error naming it."""
+    from .reference.scheduler_sim import CONFIG_CHOICES, validate_config
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key, text = key.strip(), text.strip()
+        if not sep or key not in CONFIG_CHOICES:
+            raise pytest.UsageError(f"--cbatch-config {item!r}: expected KEY=VALUE with KEY one of "
+                                    f"{', '.join(CONFIG_CHOICES)}")
+        value: Any = text if isinstance(CONFIG_CHOICES[key], tuple) else (int(text) if text.lstrip("-").isdigit()
+                                                                        else text)
+        try:
+            validate_config({key: value})
+        except ValueError as exc:
+            raise pytest.UsageError(f"--cbatch-config {item!r}: {exc}") from None
+        out[key] = value
+    return out
 
 
 def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:

@@ -438,3 +438,78 @@ def test_cbatch_run_fails_users_test_with_explanation(pytester: pytest.Pytester)
     result.assert_outcomes(failed=1, deselected=2)
     result.stdout.fnmatch_lines([f"[[]ttft_null_on_cancel[]] failed on workload 'cbatch_run' with --cbatch-impl={spec}",
                                  "*request 'cancel-me'*", "replay:", "  cbatch check --impl *"])
+
+
+# -- 11. base-setting overrides ------------------------------------------------------------
+
+INSTANT_RELEASE_ONLY = """
+    from pytest_cbatch.reference.scheduler_sim import simulate as _s
+
+    def simulate(trace, **config):
+        if config.get("release_delay") != 0:
+            raise NotImplementedError("this engine frees pages at once: release_delay must be 0")
+        return _s(trace, **config)
+"""
+
+
+def test_cbatch_config_overrides_base_settings_but_not_what_a_workload_tests(pytester: pytest.Pytester) -> None:
+    spec = write_impl(pytester, "instant", INSTANT_RELEASE_ONLY)
+    selected = "test_contract and completes and (demo or release_delay_3) and not serial"
+    plain = run_contract(pytester, f"--cbatch-impl={spec}", "-k", selected).parseoutcomes()
+    assert (plain.get("passed", 0), plain["skipped"]) == (0, 2), plain
+    result = run_contract(pytester, f"--cbatch-impl={spec}", "--cbatch-config", "release_delay=0", "-k", selected,
+                          "-rs")
+    outcomes = result.parseoutcomes()
+    # demo now runs at release_delay 0; release_delay_3 keeps the delay it exists to test, and skips.
+    assert (outcomes["passed"], outcomes["skipped"]) == (1, 1), result.stdout.str()
+    result.stdout.fnmatch_lines(["*release_delay must be 0*"])
+
+
+@pytest.mark.parametrize("item", ["release_delay", "speed=2", "release_delay=-1", "policy=fifo"])
+def test_bad_cbatch_config_is_a_usage_error(pytester: pytest.Pytester, item: str) -> None:
+    result = run_contract(pytester, "--cbatch-impl=reference", "--cbatch-config", item, "-k", DEMO)
+    assert_usage_error(result, "--cbatch-config", item)
+
+
+# -- 12. the course's published files, as students have them ---------------------------------
+
+REFERENCE_DIR = Path(__file__).resolve().parent.parent / "reference"
+
+
+def student_folder(pytester: pytest.Pytester) -> Path:
+    """The published two-file layout: scheduler_sim.py and scheduler_faults.py side by side, not installed."""
+    folder = pytester.path / "alice"
+    folder.mkdir()
+    for name in ("scheduler_sim.py", "scheduler_faults.py"):
+        (folder / name).write_text((REFERENCE_DIR / name).read_text(encoding="utf-8"), encoding="utf-8")
+    return folder
+
+
+def test_the_published_simulator_file_passes_every_clause(pytester: pytest.Pytester) -> None:
+    student_folder(pytester)
+    result = run_contract(pytester, "--cbatch-impl=alice/scheduler_sim.py")
+    assert result.ret == OK, result.stdout.str()
+    outcomes = result.parseoutcomes()
+    assert "failed" not in outcomes and "skipped" not in outcomes and outcomes["passed"] > 500, outcomes
+
+
+def test_the_published_folder_runs_the_scheduler_and_lifecycle_suites(pytester: pytest.Pytester) -> None:
+    student_folder(pytester)
+    result = pytester.runpytest_subprocess("--cbatch-impl=alice", "-k", "test_lifecycle or (test_contract and demo)")
+    assert result.ret == OK, result.stdout.str()
+    result.stdout.fnmatch_lines(["*by part: contract * passed; lifecycle 3 passed*"])
+
+
+def test_the_published_report_passes_cbatch_check(pytester: pytest.Pytester) -> None:
+    folder = student_folder(pytester)
+    done = pytester.run(sys.executable, str(folder / "scheduler_sim.py"), "--output", "continuous.json")
+    assert done.ret == 0
+    assert cli.main(["check", "--report", str(pytester.path / "continuous.json")]) == 0
+    (pytester.path / "broken.json").write_text("{not json", encoding="utf-8")
+    assert cli.main(["check", "--report", str(pytester.path / "broken.json")]) == 2
+
+
+def test_summary_counts_agree_with_pytest_for_lifecycle_alone(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-k", "test_lifecycle")
+    outcomes = result.parseoutcomes()
+    result.stdout.fnmatch_lines([f"*by part: lifecycle {outcomes['passed']} passed*"])

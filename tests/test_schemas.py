@@ -274,10 +274,10 @@ def test_permitted_variations(case: str) -> None:
 def test_bad_faults_reports() -> None:
     report = faults_demo()
     report["request_events"][1]["index"] = True
-    report["transfers"]["1"]["state"] = "lost"
+    report["transfer_events"][1]["reason"] = "cancelled"
     report["request_events"].append({"event": "x-note"})
     assert [issue.path for issue in verdicts(report, "faults-report")] == [
-        "/request_events/1/index", "/transfers/1/state",
+        "/request_events/1/index", "/transfer_events/1/reason",
     ]
 
 

@@ -32,7 +32,8 @@ def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request
         result = judge.judge_refusal(trace, {**BASE_CONFIG, **overrides})
         config = {**BASE_CONFIG, **overrides}
     else:
-        trace, config = list(WORKLOADS[workload].trace), WORKLOADS[workload].config
+        w = WORKLOADS[workload]
+        trace, config = list(w.trace), cbatch_state.workload_config(w.config, explicit=w.overrides)
         result = judge.judge(clause, trace, config)
     if result.status == "skip":
         pytest.skip(result.reason)
@@ -42,7 +43,7 @@ def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request
 
 
 def _check_generated(state: CbatchState, workload: tuple[list[dict[str, Any]], dict[str, Any]], tag: str) -> None:
-    trace, config = workload
+    trace, config = workload[0], state.workload_config(workload[1])
     judge = state.judge
     for cid in ALL_CLAUSES:
         if cid in ("invalid_input_refused", "deterministic"):
@@ -66,6 +67,7 @@ def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]],
 def test_generated_traces_preemption(workload: tuple[list[dict[str, Any]], dict[str, Any]],
                                      cbatch_state: CbatchState) -> None:
     """Every report clause on generated traces under optimistic admission (preemption)."""
-    if cbatch_state.impl.unsupported_reason(workload[1]):
-        pytest.skip(cbatch_state.impl.unsupported_reason(workload[1]))
+    reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config(workload[1]))
+    if reason:
+        pytest.skip(reason)
     _check_generated(cbatch_state, workload, "optimistic")
