@@ -9,8 +9,10 @@
   the request id, ``max_tokens = output_tokens``, ``ignore_eos``, streaming
   with usage.  Its ``arrival`` event is the send moment, and TTFT runs from it.
 * A cancel at tick t acts at (or just after) ``t * tick_seconds``: a stream
-  still open is closed (``cancelled``); a stream that already ended answers
-  ``cancel_ignored`` with the status it ended with.
+  still open is closed (``cancelled``); a stream that already ended, or
+  whose last token frame already carried a ``finish_reason`` (the server has
+  finished the request; only its usage frame and ``[DONE]`` are still on the
+  way), answers ``cancel_ignored`` with the status it ended with.
 * ``token`` events: one per token with ``output_index`` 1, 2, 3, ... (the
   tokens of one data frame share its timestamp; when the server sends its
   running usage count in every frame, the indices are the ones it claims, so
@@ -152,7 +154,7 @@ async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_ur
                 tasks[rid] = asyncio.create_task(stream(client, url, payload, state, clock))
                 continue
             state = streams[rid]
-            if rid in cancelled or state.done or state.error:
+            if rid in cancelled or state.done or state.error or state.finish_reason:
                 status = "cancelled" if rid in cancelled else _status(state)
                 events.append({"time": now, "event": "cancel_ignored", "id": rid, "status": status})
                 continue
@@ -184,7 +186,10 @@ async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_ur
 
 
 def _status(state: Stream) -> str:
-    return "finished" if state.done and not state.error else "rejected"
+    """How a stream that was not cancelled ended (or is ending: a finish_reason before ``[DONE]`` is finished)."""
+    if state.error:
+        return "rejected"
+    return "finished" if state.done or state.finish_reason else "rejected"
 
 
 def _request(rid: str, state: Stream, cancelled_at: float | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -181,3 +181,25 @@ def test_optimistic_workloads_are_unsupported_and_invalid_traces_refused(slow_ur
     assert "preempt" in impl.unsupported_reason({**BASE_CONFIG, "admission": "optimistic"})
     bad = [{"time": 0, "event": "cancel", "id": "ghost"}]
     assert "ghost" in impl.run(bad, BASE_CONFIG).refused
+
+
+def test_a_cancel_after_the_finish_frame_is_ignored(serve: Any) -> None:
+    """vLLM sends finish_reason with the last token, then the usage frame and [DONE]: a cancel landing in
+    between comes too late to cancel anything (the request finished with all its tokens)."""
+    from pytest_cbatch.contract import check_report
+    from pytest_cbatch.live.server import OpenAIServer
+
+    class LateDone(OpenAIServer):
+        async def send(self, resp: Any, frame: dict[str, Any]) -> None:
+            if not frame.get("choices"):
+                await asyncio.sleep(0.4)    # the usage frame (and [DONE]) long after the finish frame
+            await super().send(resp, frame)
+
+    url = serve(server_class=LateDone, tick_ms=5)
+    trace = [{"time": 0, "event": "arrival", "id": "r", "prompt_tokens": 2, "output_tokens": 2},
+             {"time": 4, "event": "cancel", "id": "r"}]
+    report = resolve_impl(url, tick_seconds=0.05, timeout=5).run(trace, BASE_CONFIG).report
+    ignored = next(e for e in report["events"] if e["event"].startswith("cancel"))
+    assert ignored["event"] == "cancel_ignored" and ignored["status"] == "finished", ignored
+    assert report["requests"]["r"]["status"] == "finished" and report["requests"]["r"]["output_tokens"] == 2
+    assert check_report(report, trace, BASE_CONFIG) == []
