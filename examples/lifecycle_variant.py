@@ -286,4 +286,5 @@ class TransferManager:
 
     def check(self) -> None:
         self.pool.check()
-        assert self.rooms == {r.room: k for k, r in self.records.items() if r.state in ("in_flight", "draining", "ready")}
+        live = ("in_flight", "draining", "ready")
+        assert self.rooms == {r.room: k for k, r in self.records.items() if r.state in live}

@@ -109,7 +109,8 @@ class _AllocatorMachine(LifecycleMachine):
         code = f"pool.{operation}({', '.join(map(repr, args))})"
         method = self.observe(_NAMES, f"pool.{operation}", lambda: getattr(self.pool, operation))
         # release of an unknown owner may also do nothing
-        self.must_raise(_NAMES, code, method, *args, expected=_REFUSED, returns=(None,) if operation == "release" else ())
+        returns = (None,) if operation == "release" else ()
+        self.must_raise(_NAMES, code, method, *args, expected=_REFUSED, returns=returns)
         self.expect_owners(_NAMES, code)
         self.expect_free(_NAMES, code)
 

@@ -45,15 +45,16 @@ LIFECYCLE_CLAUSES: dict[str, str] = {
         "an existing target raises ValueError and changes nothing."
     ),
     "lifecycle.cow_isolation": (
-        "Appending into a shared or pinned partial tail copies it first: no other owner's rows and no pinned view change."
+        "Appending into a shared or pinned partial tail copies it first: no other owner's rows and no pinned view "
+        "change."
     ),
     "lifecycle.pin_retains": (
         "pin(owner, name) returns the owner's page ids and allocates nothing; an existing name raises ValueError; "
         "pinned pages stay allocated after every owner releases them and are freed by the last unpin()."
     ),
     "lifecycle.owner_names": (
-        "create() raises ValueError for a live owner; read, append, fork, pin and unpin raise KeyError or ValueError for "
-        "an unknown owner or pin (release may also do nothing); a refused call changes nothing."
+        "create() raises ValueError for a live owner; read, append, fork, pin and unpin raise KeyError or ValueError "
+        "for an unknown owner or pin (release may also do nothing); a refused call changes nothing."
     ),
     "lifecycle.self_check": (
         "check() of the pool, of every request and of the manager returns without raising in every reachable state."

@@ -70,7 +70,8 @@ class _RecomputeMachine(LifecycleMachine):
         model = _Request(f"r{len(self.requests)}", list(prompt))
         code = f"{model.variable} = RecomputeRequest(pool, {model.owner!r}, {prompt!r})"
         self.handles[model.variable] = self.observe(
-            "lifecycle.request_arguments", code, lambda: self.impl.RecomputeRequest(self.pool, model.owner, list(prompt)))
+            "lifecycle.request_arguments", code,
+            lambda: self.impl.RecomputeRequest(self.pool, model.owner, list(prompt)))
         self.record(code)
         self.requests.append(model)
 

@@ -191,7 +191,8 @@ class _TransferMachine(LifecycleMachine):
         if method == "complete":
             self.oracle.publish(model.owner, model.snapshot)
             for pin in model.pins:  # each pin goes now or, at the latest, at release_output()
-                if not self.observe("lifecycle.drain_frees", "pool.transfers", lambda pin=pin: pin in self.pool.transfers):
+                if not self.observe("lifecycle.drain_frees", "pool.transfers",
+                                    lambda pin=pin: pin in self.pool.transfers):
                     self.release_pin(model, pin)
             self.expect_free("lifecycle.callback_fencing", code)
             self.check_read(model, model.key, model.variable, record=False)

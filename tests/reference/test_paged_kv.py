@@ -136,7 +136,8 @@ def test_scheduler_sim_loads_by_path_alone_from_any_directory(tmp_path: Path) ->
     """The course's tests load scheduler_sim.py with spec_from_file_location, its folder not on sys.path."""
     code = (
         "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('sim_under_test', {str(REFERENCE_DIR / 'scheduler_sim.py')!r})\n"
+        f"path = {str(REFERENCE_DIR / 'scheduler_sim.py')!r}\n"
+        "spec = importlib.util.spec_from_file_location('sim_under_test', path)\n"
         "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)\n"
         "pool = module.PagedKV(2, 1); pool.create('a'); pool.append('a', 7); pool.check()\n"
         "assert pool.read('a') == [7] and pool.free == [1]\n"
