@@ -334,14 +334,14 @@ def _load_from_folder(spec: str, folder: str, stems: Sequence[str]) -> list[Any]
             modules.append(module)
     except ImplementationError:
         raise
-    except BaseException as exc:  # a broken or hostile file: still one clear usage error
+    except (Exception, SystemExit) as exc:  # a broken or exiting file: still one clear usage error
         raise ImplementationError(f"--cbatch-impl {spec}: importing {os.path.join(folder, stem + '.py')!r} "
                                   f"failed: {type(exc).__name__}: {exc}") from exc
     finally:
         sys.path.remove(folder)
         for name in [n for n in sys.modules if n not in before or sys.modules[n] is not before[n]]:
-            origin = getattr(sys.modules[name], "__file__", None) or ""
-            if name in stems or os.path.abspath(origin).startswith(folder + os.sep):
+            origin = getattr(sys.modules[name], "__file__", None)
+            if name in stems or (origin and os.path.abspath(origin).startswith(folder + os.sep)):
                 del sys.modules[name]
         sys.modules.update({name: mod for name, mod in before.items() if name in stems})
     _LOADED[key] = modules

