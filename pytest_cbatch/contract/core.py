@@ -23,7 +23,6 @@ EVENT_KINDS = frozenset({
     "arrival", "admit", "admission_blocked", "rejected", "cancelled", "cancel_ignored", "snapshot",
     "dispatch", "token", "finished", "release", "preempted",
 })
-CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
 
 
 @dataclass(frozen=True)

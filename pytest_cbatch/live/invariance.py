@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import LiveError
-from .client import build_payload, first_model, get_json, prompt_words, session, url_for
+from .client import build_payload, first_model, prompt_words, session, url_for
 from .prometheus import metric_total, parse_metrics
 
 __all__ = ["ladder", "ulp_distance", "verdict", "run_invariance", "format_report"]
