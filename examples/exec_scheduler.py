@@ -16,7 +16,7 @@ The protocol, for a scheduler written in any language:
   ``admission``.  A setting that is absent takes the scheduler's default.
 * **Exit 0.**  The report, one JSON document, on stdout and nothing else there
   (diagnostics go to stderr).  Its shape is ``schemas/report.schema.json``;
-  its meaning is the contract (``pytest_cbatch/contract.py``).  The report's
+  its meaning is the contract (the ``pytest_cbatch.contract`` package).  The report's
   ``config`` must record every setting that was asked for, with its value.
 * **Exit 3.**  A setting this scheduler does not support (here: any setting
   but the seven above, or ``admission`` other than ``"reserve"``); the last

@@ -1,7 +1,7 @@
 """A shortest-job-first scheduler: an example of writing an implementation for pytest-cbatch.
 
 This scheduler was written from scratch against the contract
-(``pytest_cbatch/contract.py``), not derived from the reference simulator; it
+(the ``pytest_cbatch.contract`` package), not derived from the reference simulator; it
 shares only the kit's input validator.  Check it like any other engine::
 
     pytest --cbatch-impl=pytest_cbatch.examples.sjf_scheduler:simulate

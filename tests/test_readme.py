@@ -34,3 +34,28 @@ def test_readme_starts_with_the_two_setup_commands() -> None:
     block = README.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
     assert block == ["pip install -e '.[test]' && cbatch simulate --output continuous.json", "python -m pytest -n 2"]
     assert "python -m pytest -n 2" in (Path(__file__).parent.parent / ".ci" / "run").read_text(encoding="utf-8")
+
+
+def test_readme_counts_of_workloads_are_current() -> None:
+    import re
+
+    from pytest_cbatch.workloads import INVALID_INPUTS, WORKLOADS
+
+    fixed = {int(n) for n in re.findall(r"(\d+) fixed workloads", README)}
+    assert fixed == {len(WORKLOADS)}, f"README.md says {sorted(fixed)} fixed workloads; there are {len(WORKLOADS)}"
+    invalid = {int(n) for n in re.findall(r"(\d+) invalid inputs", README)}
+    assert invalid == {len(INVALID_INPUTS)}, f"README.md says {sorted(invalid)} invalid inputs; there are {len(INVALID_INPUTS)}"
+
+
+def test_readme_links_resolve() -> None:
+    import re
+
+    anchors = set()
+    for heading in re.findall(r"^#+ (.+)$", README, flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.add(slug)
+    for target in re.findall(r"\]\(#([^)]+)\)", README):
+        assert target in anchors, f"README.md links to #{target}, which is no heading"
+    root = Path(__file__).parent.parent
+    for target in re.findall(r"\]\(((?:docs|examples|gpu_checks)/[^)#]+)\)", README):
+        assert (root / target).exists(), f"README.md links to {target}, which does not exist"
