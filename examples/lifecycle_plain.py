@@ -178,12 +178,12 @@ class RecomputeRequest:
         self._log("preempted", retained_tokens=len(self.prompt) + len(self.outputs))
 
     def cancel(self) -> None:
-        if self.state == "cancelled":
-            return
-        if self.state == "active":
-            self.pool.release(self.owner)
-        self.state = "cancelled"
-        self._log("cancelled")
+        """Idempotent: only the first call releases, changes the state and records."""
+        before, self.state = self.state, "cancelled"
+        if before != "cancelled":
+            if before == "active":
+                self.pool.release(self.owner)
+            self._log("cancelled")
 
     def check(self) -> None:
         self.pool.check()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .core import TERMINAL, ReportIndex, Violation, clause, required_blocks, short
+from .core import TERMINAL, Replay, ReportIndex, Violation, clause, required_blocks, short
 
 _MISSING = object()
 
@@ -392,22 +392,27 @@ def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
 
 @clause("impossible_rejected",
         "A request that cannot fit in the pool alone (ceil((prompt + output - 1) / block_size) > capacity) is never "
-        "admitted and never runs: it ends rejected (at arrival or at the head of the queue), or cancelled if a "
-        "cancel reaches it first; a request that fits is never rejected.",
+        "admitted and never runs: it ends rejected (at arrival or at the head of the queue, at the latest by the end "
+        "of the first tick after which no other request is waiting, admitted or awaiting release), or cancelled if "
+        "a cancel reaches it first; a request that fits is never rejected.",
         "An impossible request left in the queue blocks everyone behind it forever; rejecting one that fits "
         "drops a valid request.", needs=("admit", "rejected"),
         admits=("rejection at arrival or when the request reaches the head of the queue; a cancel that reaches it"
                 " first"),
         reads=("trace.prompt_tokens", "trace.output_tokens", "config.block_size", "config.capacity", "events[admit]",
-               "events[dispatch].work[].id", "events[rejected]", "events[cancelled]", "events[finished]"),
+               "events[dispatch].work[].id", "events[rejected]", "events[cancelled]", "events[finished]",
+               "events[arrival]", "events[preempted]", "events[release]", "events[*].time"),
         compares={
             "events[admit]": "never admitted",
             "events[dispatch].work[].id": "never runs",
             "events[rejected]": "it ends rejected",
+            "events[rejected].time": "at the latest by the end of the first tick after which no other request is "
+                                     "waiting, admitted or awaiting release",
             "events[cancelled]": "or cancelled if a cancel reaches it first",
         })
 def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
     cid = "impossible_rejected"
+    alone: dict[str, float] | None = None   # computed only when an impossible request ended
     for rid, line in ix.arrivals.items():
         need = required_blocks(line["prompt_tokens"], line["output_tokens"], ix.bs)
         end = ix.terminal(rid)
@@ -424,6 +429,30 @@ def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
         elif ended not in ("rejected", "cancelled"):
             yield ix.violation(cid, f"needs {need} pages alone, capacity is {ix.capacity}: expected rejected, got "
                                     f"{ended or 'no terminal event'}", rid)
+        else:
+            alone = _alone_since(ix) if alone is None else alone
+            if rid in alone:
+                yield ix.violation(cid, f"needs {need} pages alone, capacity is {ix.capacity}: by the end of t="
+                                        f"{alone[rid]} nothing else was waiting, admitted or awaiting release, so it "
+                                        f"should have been rejected then; it was still waiting and ended {ended} at "
+                                        f"t={ix.time(end[0])}", rid, end[0])
+
+
+def _alone_since(ix: ReportIndex) -> dict[str, float]:
+    """Each request that, after all the events of some time, was the only one waiting, admitted or awaiting its
+    release while it had not ended: the first such time."""
+    replay = Replay()
+    alone: dict[str, float] = {}
+    events = ix.events
+    for i, ev in enumerate(events):
+        replay.advance(ev)
+        if i + 1 < len(events) and events[i + 1]["time"] == ev["time"]:
+            continue
+        members = replay.members
+        open_ = members["queued"] | members["active"] | members["draining"]
+        if len(open_) == 1:
+            alone.setdefault(next(iter(open_)), ev["time"])
+    return alone
 
 
 @clause("usage_agrees",
