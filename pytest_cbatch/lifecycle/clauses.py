@@ -279,8 +279,8 @@ _CLAUSES = (
     LifecycleClause(
         "lifecycle.transfer_records",
         "records[key] keeps room, the snapshot taken at begin(), reason (None until abort(), then its reason) and "
-        "state 'in_flight', 'draining' or 'ready' while live and none of these after (as attributes or keys); rooms "
-        "maps each room to its live key.",
+        "state 'in_flight', 'draining' or 'ready' while live and none of these after, when the record is kept (as "
+        "attributes or keys); rooms maps each room to its live key.",
         reads={"manager.records": "records[key]", "records[key].room": "room", "records[key].snapshot": "snapshot",
                "records[key].reason": "reason", "records[key].state": "state", "manager.rooms": "rooms"},
         compares={"records[key].room": "room", "records[key].snapshot": "the snapshot taken at begin()",
