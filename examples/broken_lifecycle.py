@@ -40,6 +40,17 @@ class CopyingForkPool(PagedKV):
             self.append(target, token)
 
 
+class UnknownReleaseRegistersPool(PagedKV):
+    """release() of an unknown owner returns [] but leaves an empty table behind under that name."""
+
+    def release(self, owner: str) -> list[int]:
+        if owner not in self.tables:
+            self.tables[owner] = []
+            return []
+        super().release(owner)
+        return []
+
+
 # ------------------------------------------------------------------- request
 
 
@@ -139,6 +150,14 @@ class UndeadRequest(RecomputeRequest):
 # ------------------------------------------------------------------ transfer
 
 
+class UncountedPreemptRequest(RecomputeRequest):
+    """preempt() records a bare preempted event, without the retained_tokens field the contract names."""
+
+    def preempt(self) -> None:
+        super().preempt()
+        self.events[-1] = {"event": "preempted"}
+
+
 class EagerAbortManager(TransferManager):
     """abort() frees the transfer's pages at once instead of waiting for the drain acknowledgement."""
 
@@ -208,6 +227,25 @@ class AnyReasonManager(TransferManager):
         return aborted
 
 
+class ForgottenReasonManager(TransferManager):
+    """abort() drains the transfer but leaves its record's reason at None."""
+
+    def abort(self, key: str, reason: str = "cancel") -> bool:
+        aborted = super().abort(key, reason)
+        if aborted:
+            self.records[key].reason = None
+        return aborted
+
+
+class UnpinnedDestinationManager(TransferManager):
+    """begin() reserves the destination without pinning it, so nothing holds its pages past an abort."""
+
+    def begin(self, source: str, room: str) -> str:
+        key = super().begin(source, room)
+        self.pool.unpin(self.records[key].destination_pin)
+        return key
+
+
 class EarlyReadManager(TransferManager):
     """read() of an in-flight transfer returns the unpublished placeholder rows."""
 
@@ -261,6 +299,10 @@ keys_reused = _namespace(TransferManager=ReusedKeyManager)
 abort_any_reason = _namespace(TransferManager=AnyReasonManager)
 reads_in_flight = _namespace(TransferManager=EarlyReadManager)
 source_pin_leaks = _namespace(TransferManager=PinLeakManager)
+unknown_release_registers = _namespace(PagedKV=UnknownReleaseRegistersPool)
+preempted_uncounted = _namespace(RecomputeRequest=UncountedPreemptRequest)
+abort_forgets_reason = _namespace(TransferManager=ForgottenReasonManager)
+destination_unpinned = _namespace(TransferManager=UnpinnedDestinationManager)
 
 BROKEN: dict[str, tuple[SimpleNamespace, str]] = {
     "append_without_cow": (append_without_cow, "lifecycle.cow_isolation"),
@@ -281,5 +323,9 @@ BROKEN: dict[str, tuple[SimpleNamespace, str]] = {
     "abort_any_reason": (abort_any_reason, "lifecycle.abort_reason"),
     "reads_in_flight": (reads_in_flight, "lifecycle.unpublished_unreadable"),
     "source_pin_leaks": (source_pin_leaks, "lifecycle.drain_frees"),
+    "unknown_release_registers": (unknown_release_registers, "lifecycle.owner_names"),
+    "preempted_uncounted": (preempted_uncounted, "lifecycle.request_events"),
+    "abort_forgets_reason": (abort_forgets_reason, "lifecycle.transfer_records"),
+    "destination_unpinned": (destination_unpinned, "lifecycle.begin_rollback"),
 }
 """Bug name -> (implementation namespace, id of the clause that must fail)."""

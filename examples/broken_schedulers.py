@@ -161,6 +161,56 @@ def impossible_queued(trace: Any, **config: Any) -> Report:
     return report
 
 
+class _Blocked(Exception):
+    """Raised instead of rejecting: the request stays at the head of the queue."""
+
+
+class _NeverRejects(ref.Scheduler):
+    def _retire(self, req: Any, status: str) -> None:
+        if status == "rejected":
+            raise _Blocked(req)
+        super()._retire(req, status)
+
+    def _admit(self) -> None:
+        try:
+            super()._admit()
+        except _Blocked as blocked:  # admission stops behind it, every tick, until a cancel ends it
+            req = blocked.args[0]
+            self.events.append({"time": self.now, "event": "admission_blocked", "id": req.id,
+                                "required_blocks": self._need(req)})
+
+
+def impossible_left_queued(trace: Any, **config: Any) -> Report:
+    """Leaves a request that cannot fit at the head of the queue (blocking admission behind it) instead of
+    rejecting it; only a cancel ends it."""
+    return _run(_NeverRejects, trace, config)
+
+
+class _ReuseWhileDraining(ref.Scheduler):
+    def _retire(self, req: Any, status: str) -> None:
+        running = req.status == "active"
+        super()._retire(req, status)
+        if running:  # the pool takes the pages back at the end; only the release event waits for release_delay
+            pages = self.tables[req.id]
+            self.draining_pages -= len(pages)
+            self.tables[req.id] = []
+            for page in pages:
+                heapq.heappush(self.free, page)
+
+
+def reuse_while_draining(trace: Any, **config: Any) -> Report:
+    """Frees a finished or cancelled request's pages at its end and hands them out again, though its release
+    event (and the end of in-flight writes it stands for) comes release_delay later."""
+    return _run(_ReuseWhileDraining, trace, config)
+
+
+def rejections_uncounted(trace: Any, **config: Any) -> Report:
+    """Reports every rejection as an event and in the requests table, but counts none in the summary."""
+    report = ref.simulate(trace, **config)
+    report["summary"]["rejected"] = 0
+    return report
+
+
 def shared_page(trace: Any, **config: Any) -> Report:
     """Hands the same page to two running requests."""
     report = ref.simulate(trace, **config)
@@ -250,6 +300,9 @@ BROKEN: dict[str, tuple[Callable[..., Report], str]] = {
     "over_admission": (over_admission, "lifecycle_order"),
     "oversized_chunks": (oversized_chunks, "row_shape"),
     "impossible_queued": (impossible_queued, "impossible_rejected"),
+    "impossible_left_queued": (impossible_left_queued, "impossible_rejected"),
+    "reuse_while_draining": (reuse_while_draining, "no_reuse_before_release"),
+    "rejections_uncounted": (rejections_uncounted, "terminal_exactly_once"),
     "shared_page": (shared_page, "pages_conserved"),
     "rows_without_pages": (rows_without_pages, "pages_cover_rows"),
     "mutates_input": (mutates_input, "input_not_mutated"),

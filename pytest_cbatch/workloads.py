@@ -1,6 +1,7 @@
 """The fixed workloads of the conformance suite: the seed's built-in trace, its
-five experiments, boundary cases, and optimistic-admission cases that force
-preemption.  Each is a trace plus the config it runs under; a workload's
+five experiments, boundary cases, optimistic-admission cases that force
+preemption, and depth cases on which a one-line bug against a clause fails
+that very clause.  Each is a trace plus the config it runs under; a workload's
 config names only the settings it needs beyond the implementation's defaults
 for the seven base settings, which are always given explicitly.
 """
@@ -103,6 +104,19 @@ WORKLOADS: dict[str, Workload] = {w.name: w for w in (
     _w("preempt_tight", "optimistic admission on a pool one request can fill",
        [arrival(0, "x", 6, 7), arrival(0, "y", 5, 7), arrival(0, "z", 1, 9)],
        admission="optimistic", capacity=4, prefill_chunk=3, release_delay=0),
+    # Depth: each makes a one-line bug against one clause fail that very clause.
+    _w("mixed_endings", "every ending in one run (the summary counts each): finished, two rejections, a cancel "
+                        "while running and one in the arrival tick, and a cancel ignored after each kind of end",
+       [arrival(0, "fin", 2, 2), arrival(0, "huge", 30, 2), arrival(1, "run", 3, 3), arrival(1, "gone", 4, 4),
+        cancel(1, "gone"), arrival(2, "huge2", 20, 1), cancel(2, "run"), cancel(4, "huge"), cancel(5, "run"),
+        cancel(9, "fin")],
+       capacity=4, max_active=2),
+    _w("drain_reuse", "a pool two requests share one at a time, with a long release_delay: the next request must "
+                      "wait for the release, not take the draining pages",
+       [arrival(0, "a", 4, 4), arrival(0, "b", 4, 4), arrival(2, "c", 1, 2)], capacity=2, release_delay=4),
+    _w("impossible_alone", "an impossible request that is left alone once the others finish, cancelled much "
+                           "later: it must have been rejected by then",
+       [arrival(0, "ok", 2, 2), arrival(0, "huge", 40, 4), cancel(12, "huge")], capacity=4),
 )}
 
 

@@ -1,7 +1,7 @@
 """The lifecycle machines pass every correct implementation and catch every broken one by its own clause.
 
-Correct: the reference, the variant that makes the other choice on every
-freedom, and the published files as a student has them (a folder holding
+Correct: the reference, the two variants that make the other choice on every
+freedom (``lifecycle_variant``, ``lifecycle_plain``), and the published files as a student has them (a folder holding
 copies of scheduler_sim.py and scheduler_faults.py).  Broken: every namespace
 of examples/broken_lifecycle.py.  The machines run directly under small
 derandomized settings, not through the plugin, so these results do not depend
@@ -20,9 +20,10 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from pytest_cbatch.examples import lifecycle_variant
+from pytest_cbatch.examples import lifecycle_plain, lifecycle_variant
 from pytest_cbatch.examples.broken_lifecycle import BROKEN
 from pytest_cbatch.lifecycle import (
+    LIFECYCLE,
     LIFECYCLE_CLAUSES,
     MACHINES,
     PART_CLAUSES,
@@ -32,6 +33,7 @@ from pytest_cbatch.lifecycle import (
     lifecycle_verdicts,
     missing_parts,
 )
+from pytest_cbatch.lifecycle.machine import surface_names
 from pytest_cbatch.reference import scheduler_faults
 from seed_lifecycle_examples import SEED_EXAMPLES
 
@@ -61,8 +63,11 @@ def published_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+CORRECT = [("reference", scheduler_faults), ("variant", lifecycle_variant), ("plain", lifecycle_plain)]
+
+
 @pytest.mark.parametrize("part", list(PARTS))
-@pytest.mark.parametrize("name,namespace", [("reference", scheduler_faults), ("variant", lifecycle_variant)])
+@pytest.mark.parametrize("name,namespace", CORRECT)
 def test_correct_implementations_pass_every_clause(name: str, namespace: object, part: str,
                                                   request: pytest.FixtureRequest) -> None:
     """40 derandomized runs per part (400 with --run-slow)."""
@@ -122,6 +127,49 @@ def test_every_clause_belongs_to_a_part_and_is_one_line() -> None:
     assert set().union(*PART_CLAUSES.values()) == set(LIFECYCLE_CLAUSES)
     for clause, statement in LIFECYCLE_CLAUSES.items():
         assert clause.startswith("lifecycle.") and statement and "\n" not in statement
+
+
+def test_every_declared_read_and_compare_is_named_by_its_statement() -> None:
+    assert set(LIFECYCLE) == set(LIFECYCLE_CLAUSES)
+    for cid, declared in LIFECYCLE.items():
+        assert declared.statement == LIFECYCLE_CLAUSES[cid]
+        for what, words in [*declared.reads.items(), *declared.compares.items()]:
+            assert words in declared.statement, f"{cid}: {what!r} is declared as named by {words!r}, which its " \
+                                                f"statement does not say"
+
+
+def test_the_machines_read_exactly_what_each_clause_declares() -> None:
+    """Run every part on implementations of both forms (objects, plain dicts) and log each published name
+    a check reads: per clause it is exactly the names its declaration lists (so a statement change that
+    drops a name, or a check that reads a new one, fails here)."""
+    read: dict[str, set[str]] = {cid: set() for cid in LIFECYCLE}
+    config = lifecycle_settings(settings(NO_SHRINK, max_examples=20))
+    for namespace in (scheduler_faults, lifecycle_plain):
+        for part, factory in MACHINES.items():
+            machine = factory(namespace)
+            machine.read_log = log = set()
+            run_state_machine_as_test(machine, settings=config)
+            for cid, name in log:
+                read[cid].add(name)
+    for cid, declared in LIFECYCLE.items():
+        names = set().union(set(), *map(surface_names, declared.reads))
+        assert read[cid] == names, f"{cid}: the check reads {sorted(read[cid])}, its declaration {sorted(names)}"
+
+
+@pytest.mark.parametrize("name", ["lifecycle_variant", "lifecycle_plain"])
+def test_request_events_compares_no_value_the_statement_leaves_open(name: str) -> None:
+    """preempted{retained_tokens} is read (it must be there) but never compared: the variants count it differently."""
+    declared = LIFECYCLE["lifecycle.request_events"]
+    assert "e['retained_tokens']" in declared.reads
+    assert not any("retained_tokens" in surface_names(what) for what in declared.compares)
+    namespace = {"lifecycle_variant": lifecycle_variant, "lifecycle_plain": lifecycle_plain}[name]
+    pool = namespace.PagedKV(4, 2)
+    request = namespace.RecomputeRequest(pool, "r", [1, 2, 3])
+    request.resume()
+    request.sample(7)
+    request.preempt()
+    retained = [e["retained_tokens"] for e in request.events if e["event"] == "preempted"]
+    assert retained == [{"lifecycle_variant": 3, "lifecycle_plain": 4}[name]]
 
 
 def test_missing_parts_names_what_is_absent() -> None:

@@ -57,6 +57,8 @@ class Clause:
     check: Callable[["ReportIndex"], Iterator[Violation]] | None = field(default=None, compare=False, repr=False)
     needs: frozenset[str] = frozenset()
     admits: str = ""   # the legitimate choices a correct scheduler may make that the clause allows
+    reads: tuple[str, ...] = ()   # the report and trace fields the check reads
+    compares: tuple[tuple[str, str], ...] = ()   # (value compared, the statement's words that define it)
 
 
 CLAUSES: dict[str, Clause] = {
@@ -67,18 +69,25 @@ CLAUSES: dict[str, Clause] = {
 }
 
 
-def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "") -> Callable:
+def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "",
+           reads: Sequence[str] = (), compares: Mapping[str, str] | None = None) -> Callable:
     """Register a report clause; the decorated generator yields its violations.
 
     ``needs``: the event kinds it must observe; ``admits``: the legitimate
     choices of correct schedulers it was derived to allow (the clause table's
-    "admits" column).
+    "admits" column).  ``reads``: the fields the check reads, as paths
+    (``trace.prompt_tokens``, ``config.block_size``, ``summary.finished``,
+    ``requests.*.ttft_ticks``, ``events[token].time``, ``events[*].id``,
+    ``events[dispatch].work[].input_tokens``); ``compares``: each value the
+    check compares with what it expects, mapped to the words of the statement
+    that define it (a value the statement does not define is not compared).
     """
 
     def register(fn: Callable[["ReportIndex"], Iterator[Violation]]) -> Callable:
         if cid in CLAUSES:
             raise ValueError(f"clause {cid!r} registered twice")
-        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs), admits)
+        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs), admits, tuple(reads),
+                              tuple((compares or {}).items()))
         return fn
 
     return register

@@ -39,7 +39,17 @@ def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
         "allocated_blocks distinct pages in 0..capacity-1 with no page in two tables, and draining_blocks counts "
         "the pages of ended requests not yet released.",
         "A page in two tables is silent KV corruption; a page in none is a leak.", needs=("snapshot",),
-        admits="any page ids and free-list order; a table per draining request")
+        admits="any page ids and free-list order; a table per draining request",
+        reads=("config.capacity", "events[snapshot].allocated_blocks", "events[snapshot].free_blocks",
+               "events[snapshot].block_tables", "events[snapshot].draining_blocks", "events[finished]",
+               "events[cancelled]", "events[release]"),
+        compares={
+            "events[snapshot].allocated_blocks": "allocated_blocks + free_blocks = capacity",
+            "events[snapshot].free_blocks": "allocated_blocks + free_blocks = capacity",
+            "events[snapshot].block_tables": "exactly allocated_blocks distinct pages in 0..capacity-1 with no page "
+                                             "in two tables",
+            "events[snapshot].draining_blocks": "draining_blocks counts the pages of ended requests not yet released",
+        })
 def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pages_conserved"
     cap = ix.capacity
@@ -74,7 +84,13 @@ def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
         "exactly the requests admitted and the requests waiting (arrived or preempted, not ended), in any order; "
         "as counts, their numbers.",
         "Running/waiting gauges are what operators watch; they must match the events.", needs=("snapshot", "admit"),
-        admits="active and queued as id lists in any order, as counts, or absent")
+        admits="active and queued as id lists in any order, as counts, or absent",
+        reads=("events[snapshot].active", "events[snapshot].queued", "events[arrival]", "events[admit]",
+               "events[preempted]", "events[finished]", "events[cancelled]", "events[rejected]"),
+        compares={
+            "events[snapshot].active": "exactly the requests admitted",
+            "events[snapshot].queued": "the requests waiting (arrived or preempted, not ended)",
+        })
 def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
     cid = "snapshot_counts"
     for i, snap, replay in _snapshot_walk(ix):
@@ -102,7 +118,14 @@ def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
         needs=("snapshot", "dispatch"),
         admits=("pages allocated before the snapshot (engine style, as vLLM's schedule() does), while the "
                 "dispatch runs (the course's simulator) or all at admission; snapshots every tick or only before "
-                "dispatches"))
+                "dispatches"),
+        reads=("config.block_size", "trace.prompt_tokens", "trace.output_tokens", "events[snapshot].block_tables",
+               "events[snapshot].time", "events[dispatch].time", "events[dispatch].work[].input_tokens",
+               "events[admit]", "events[preempted]", "events[finished]", "events[cancelled]", "events[release]"),
+        compares={
+            "events[dispatch].time": "Every dispatch follows a snapshot of its tick",
+            "events[snapshot].block_tables": "at least ceil(rows it fed before the snapshot",
+        })
 def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pages_cover_rows"
     bs = ix.bs
@@ -138,7 +161,11 @@ def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
 
 @clause("headroom_nonnegative", "admission_headroom is never negative.",
         "Negative headroom means the scheduler promised more pages than exist.", needs=("snapshot",),
-        admits="any reservation policy")
+        admits="any reservation policy",
+        reads=("events[snapshot].admission_headroom",),
+        compares={
+            "events[snapshot].admission_headroom": "admission_headroom is never negative",
+        })
 def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
     for i in ix.snapshots:
         if ix.events[i]["admission_headroom"] < 0:
@@ -151,7 +178,14 @@ def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
         "event, and no earlier than its end time + release_delay.",
         "In-flight transfers may still write to a retired request's pages; reusing them early corrupts KV.",
         needs=("snapshot", "release"),
-        admits="any free-list order")
+        admits="any free-list order",
+        reads=("config.release_delay", "events[snapshot].block_tables", "events[snapshot].time",
+               "events[finished].time", "events[cancelled].time", "events[release]", "events[preempted]"),
+        compares={
+            "events[snapshot].block_tables": "appears in another request's block table only after that request's "
+                                             "release event",
+            "events[snapshot].time": "no earlier than its end time + release_delay",
+        })
 def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
     delay = ix.cfg["release_delay"]
     owner: dict[int, str] = {}
@@ -214,7 +248,14 @@ def _held_at_end(ix: ReportIndex) -> dict[str, bool]:
         "never admitted gets none.",
         "Release events are how the pool's drain is observed and audited.", needs=("release", "admit", "dispatch"),
         admits=("no release event for a request that holds no pages at its end (cancelled before its first row, "
-                "or while preempted)"))
+                "or while preempted)"),
+        reads=("config.release_delay", "events[release].time", "events[admit]", "events[finished].time",
+               "events[cancelled].time", "events[rejected]", "events[dispatch].work[].input_tokens",
+               "events[snapshot].block_tables"),
+        compares={
+            "events[release]": "exactly one release event, after its terminal event",
+            "events[release].time": "no earlier than its end time + release_delay",
+        })
 def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
     cid = "release_once_after_delay"
     delay = ix.cfg["release_delay"]
@@ -245,7 +286,14 @@ def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
         "it; and a snapshot that follows the last release shows every page free and no block table holding one.",
         "A page still held after drain is a leak that grows until the server stops admitting.",
         needs=("snapshot", "release"),
-        admits="no snapshot after the last release: the end state is then judged from the summary and the releases")
+        admits="no snapshot after the last release: the end state is then judged from the summary and the releases",
+        reads=("config.capacity", "summary.free_blocks", "events[snapshot].block_tables",
+               "events[snapshot].free_blocks", "events[release]"),
+        compares={
+            "summary.free_blocks": "summary.free_blocks equals capacity",
+            "events[release]": "every request holding pages in the last snapshot is released after it",
+            "events[snapshot].free_blocks": "shows every page free and no block table holding one",
+        })
 def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
     cid = "no_leaked_pages"
     cap = ix.capacity
@@ -273,7 +321,12 @@ def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
         "event) and no later than the report's last event.",
         "The drain time is when the pool is reusable, which is not the last response's latency.",
         needs=("release",),
-        admits="drained_at_tick anywhere from the last release to the last event")
+        admits="drained_at_tick anywhere from the last release to the last event",
+        reads=("summary.drained_at_tick", "events[release].time", "events[finished].time", "events[cancelled].time",
+               "events[rejected].time", "events[*].time"),
+        compares={
+            "summary.drained_at_tick": "no earlier than the last release",
+        })
 def _drain_time_consistent(ix: ReportIndex) -> Iterator[Violation]:
     drained = ix.report["summary"]["drained_at_tick"]
     last = ix.events[-1]["time"] if ix.events else 0

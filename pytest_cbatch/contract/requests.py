@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from .core import TERMINAL, ReportIndex, Violation, clause, required_blocks, short
+from .core import TERMINAL, Replay, ReportIndex, Violation, clause, required_blocks, short
 
 _MISSING = object()
 
@@ -18,7 +18,11 @@ _MISSING = object()
         "The report's config records every setting the run asked for, with the same value (admission may be left "
         "out when it is reserve, the default, as the course's simulator does).",
         "A result without its exact configuration cannot be compared or replayed.",
-        admits="admission left out when it is reserve; extra settings of the engine's own")
+        admits="admission left out when it is reserve; extra settings of the engine's own",
+        reads=("config",),
+        compares={
+            "config": "records every setting the run asked for, with the same value",
+        })
 def _config_recorded(ix: ReportIndex) -> Iterator[Violation]:
     for key, value in ix.asked.items():
         if key == "admission" and value == "reserve" and key not in ix.cfg:
@@ -32,7 +36,15 @@ def _config_recorded(ix: ReportIndex) -> Iterator[Violation]:
         "scheduled moment, within the replay's slack), the requests table has exactly the trace's ids with that "
         "arrival time, and no event names an unknown id.",
         "Missing arrivals make missing work indistinguishable from missing instrumentation.", needs=("arrival",),
-        admits="any order of a tick's arrivals and cancels; client-side, arrival at the moment the request was sent")
+        admits="any order of a tick's arrivals and cancels; client-side, arrival at the moment the request was sent",
+        reads=("trace.time", "events[arrival].time", "events[*].id", "events[dispatch].work[].id", "requests",
+               "requests.*.arrival"),
+        compares={
+            "events[arrival].time": "at its trace time",
+            "requests": "exactly the trace's ids",
+            "requests.*.arrival": "with that arrival time",
+            "events[*].id": "no event names an unknown id",
+        })
 def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
     cid = "arrival_matches_trace"
     for rid, i in ix.unknown.items():
@@ -60,7 +72,11 @@ def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
 
 
 @clause("time_monotonic", "Event times never go backwards.",
-        "Latency figures and replays are computed from event order and times together.")
+        "Latency figures and replays are computed from event order and times together.",
+        reads=("events[*].time",),
+        compares={
+            "events[*].time": "Event times never go backwards",
+        })
 def _time_monotonic(ix: ReportIndex) -> Iterator[Violation]:
     last = 0
     for i, ev in enumerate(ix.events):
@@ -75,7 +91,17 @@ def _time_monotonic(ix: ReportIndex) -> Iterator[Violation]:
         "records that status and its time as end, and the summary counts match.",
         "A request that never ends is a hang; one that ends twice is double-counted by every dashboard.",
         needs=TERMINAL,
-        admits="an impossible request ending rejected or cancelled")
+        admits="an impossible request ending rejected or cancelled",
+        reads=("events[finished]", "events[cancelled]", "events[rejected]", "requests.*.status", "requests.*.end",
+               "summary.finished", "summary.cancelled", "summary.rejected"),
+        compares={
+            "terminal events": "exactly one terminal state",
+            "requests.*.status": "records that status",
+            "requests.*.end": "its time as end",
+            "summary.finished": "the summary counts match",
+            "summary.cancelled": "the summary counts match",
+            "summary.rejected": "the summary counts match",
+        })
 def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "terminal_exactly_once"
     counts = dict.fromkeys(TERMINAL, 0)
@@ -103,7 +129,11 @@ def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
 @clause("no_event_after_terminal",
         "After a request's terminal event the only events naming it are cancel_ignored and release.",
         "Work, tokens or admissions after the end are leaks or zombie requests.", needs=TERMINAL,
-        admits="a release after the end; cancel_ignored for later cancels")
+        admits="a release after the end; cancel_ignored for later cancels",
+        reads=("events[*].event", "events[*].id", "events[dispatch].work[].id"),
+        compares={
+            "events[*].event": "the only events naming it are cancel_ignored and release",
+        })
 def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
     for rid, seq in ix.seq.items():
         end = ix.terminal(rid)
@@ -122,7 +152,12 @@ def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
         "the arrival time.",
         "TTFT must never be manufactured (as 0 or otherwise) for a request that produced no output.",
         needs=("token", "arrival"),
-        admits="client-side, times in seconds from the moment the request was sent")
+        admits="client-side, times in seconds from the moment the request was sent",
+        reads=("requests.*.ttft_ticks", "events[token].time", "events[arrival].time", "events[cancelled]"),
+        compares={
+            "requests.*.ttft_ticks": "null iff the request emitted no token; otherwise it equals the first token's "
+                                     "time minus the arrival time",
+        })
 def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
         tokens = ix.tokens(rid)
@@ -146,7 +181,15 @@ def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
         "A request cancelled before its first token has ttft_ticks null, no token events, output_tokens 0 and "
         "empty token_times.",
         "Reporting TTFT 0 for cancelled requests makes p50 TTFT look better the more requests are cancelled.",
-        needs=("token", "cancelled"))
+        needs=("token", "cancelled"),
+        reads=("events[cancelled]", "events[token]", "requests.*.ttft_ticks", "requests.*.output_tokens",
+               "requests.*.token_times"),
+        compares={
+            "events[token]": "no token events",
+            "requests.*.ttft_ticks": "ttft_ticks null",
+            "requests.*.output_tokens": "output_tokens 0",
+            "requests.*.token_times": "empty token_times",
+        })
 def _ttft_null_on_cancel(ix: ReportIndex) -> Iterator[Violation]:
     for rid, seq in ix.seq.items():
         end = ix.terminal(rid)
@@ -180,7 +223,11 @@ def _frame_times(ix: ReportIndex, rid: str) -> list[float]:
         "itl_ticks list.",
         "There is no inter-token interval with one token; a [0] entry drags every ITL percentile down.",
         needs=("token",),
-        admits="client-side, several tokens in one data frame")
+        admits="client-side, several tokens in one data frame",
+        reads=("events[token].time", "requests.*.itl_ticks"),
+        compares={
+            "requests.*.itl_ticks": "an empty itl_ticks list",
+        })
 def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
     for rid, _, row in ix.rows():
         if len(_frame_times(ix, rid)) == 1 and row["itl_ticks"] != []:
@@ -193,7 +240,11 @@ def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
         "for an engine, which emits one token per request per dispatch; one per data frame after the first for "
         "a client, as vLLM's bench serve computes it.",
         "ITL percentiles are only comparable across engines when computed the same way.", needs=("token",),
-        admits="client-side, several tokens in one data frame (vLLM merges frames when the HTTP side lags)")
+        admits="client-side, several tokens in one data frame (vLLM merges frames when the HTTP side lags)",
+        reads=("events[token].time", "requests.*.itl_ticks"),
+        compares={
+            "requests.*.itl_ticks": "the differences of consecutive distinct token times",
+        })
 def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
     tolerance = 1e-9 if ix.seconds else 0
     for rid, line, row in ix.rows():
@@ -209,7 +260,12 @@ def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
 
 @clause("token_record_consistent",
         "The requests table's token_times and output_tokens agree with the request's token events.",
-        "The summary table and the event trace must tell the same story.", needs=("token",))
+        "The summary table and the event trace must tell the same story.", needs=("token",),
+        reads=("events[token].time", "requests.*.token_times", "requests.*.output_tokens"),
+        compares={
+            "requests.*.token_times": "token_times",
+            "requests.*.output_tokens": "output_tokens",
+        })
 def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
         times = [ev["time"] for _, ev in ix.tokens(rid)]
@@ -225,7 +281,13 @@ def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
         "A finished request emitted exactly its requested output tokens, its finished event at its last token's "
         "time (client-side: at or after it); a request that is not finished emitted fewer.",
         "Finishing early truncates answers; emitting more than asked ignores max_tokens.", needs=("token", "finished"),
-        admits="client-side, the finish frame after the last token frame")
+        admits="client-side, the finish frame after the last token frame",
+        reads=("trace.output_tokens", "events[token].time", "events[finished].time", "events[cancelled]",
+               "events[rejected]"),
+        compares={
+            "number of events[token]": "exactly its requested output tokens",
+            "events[finished].time": "its finished event at its last token's time",
+        })
 def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line in ix.arrivals.items():
         end = ix.terminal(rid)
@@ -248,7 +310,12 @@ def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
 @clause("queue_ticks_consistent",
         "admitted is the time of the request's first admit event (null if never admitted) and queue_ticks is "
         "admitted minus arrival (null if never admitted).",
-        "Queueing delay is the first thing capacity planning reads.", needs=("admit",))
+        "Queueing delay is the first thing capacity planning reads.", needs=("admit",),
+        reads=("events[admit].time", "events[arrival].time", "requests.*.admitted", "requests.*.queue_ticks"),
+        compares={
+            "requests.*.admitted": "the time of the request's first admit event",
+            "requests.*.queue_ticks": "admitted minus arrival",
+        })
 def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
         admits = [i for i, kind, _ in ix.seq[rid] if kind == "admit"]
@@ -264,7 +331,11 @@ def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
         "A request's token events carry output_index 1, 2, 3, ... in order with no repeat and no gap, across "
         "preemption and recompute.",
         "After a preemption the recomputed rows must not re-send tokens the client already has.", needs=("token",),
-        admits="any preemption victim and any number of preemptions")
+        admits="any preemption victim and any number of preemptions",
+        reads=("events[token].output_index",),
+        compares={
+            "events[token].output_index": "output_index 1, 2, 3, ... in order",
+        })
 def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
     for rid in ix.arrivals:
         for k, (i, ev) in enumerate(ix.tokens(rid), start=1):
@@ -281,7 +352,14 @@ def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
         "or a cancel after completion, changes nothing.",
         "Clients retry cancels; a retried cancel must not re-cancel, resurrect or double-count a request.",
         needs=("cancelled", "cancel_ignored"),
-        admits="at one tick, arrivals before cancels or trace order; client-side, an answer within the replay's slack")
+        admits="at one tick, arrivals before cancels or trace order; client-side, an answer within the replay's slack",
+        reads=("trace.time", "events[cancelled].time", "events[cancel_ignored].time",
+               "events[cancel_ignored].status", "events[finished]", "events[rejected]"),
+        compares={
+            "answers": "exactly one answer at its time",
+            "events[cancelled]": "cancelled if the request had not ended",
+            "events[cancel_ignored].status": "cancel_ignored with the status it ended with",
+        })
 def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
     cid = "cancel_idempotent"
     for rid, seq in ix.seq.items():
@@ -314,14 +392,27 @@ def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
 
 @clause("impossible_rejected",
         "A request that cannot fit in the pool alone (ceil((prompt + output - 1) / block_size) > capacity) is never "
-        "admitted and never runs: it ends rejected (at arrival or at the head of the queue), or cancelled if a "
-        "cancel reaches it first; a request that fits is never rejected.",
+        "admitted and never runs: it ends rejected (at arrival or at the head of the queue, at the latest by the end "
+        "of the first tick after which no other request is waiting, admitted or awaiting release), or cancelled if "
+        "a cancel reaches it first; a request that fits is never rejected.",
         "An impossible request left in the queue blocks everyone behind it forever; rejecting one that fits "
         "drops a valid request.", needs=("admit", "rejected"),
         admits=("rejection at arrival or when the request reaches the head of the queue; a cancel that reaches it"
-                " first"))
+                " first"),
+        reads=("trace.prompt_tokens", "trace.output_tokens", "config.block_size", "config.capacity", "events[admit]",
+               "events[dispatch].work[].id", "events[rejected]", "events[cancelled]", "events[finished]",
+               "events[arrival]", "events[preempted]", "events[release]", "events[*].time"),
+        compares={
+            "events[admit]": "never admitted",
+            "events[dispatch].work[].id": "never runs",
+            "events[rejected]": "it ends rejected",
+            "events[rejected].time": "at the latest by the end of the first tick after which no other request is "
+                                     "waiting, admitted or awaiting release",
+            "events[cancelled]": "or cancelled if a cancel reaches it first",
+        })
 def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
     cid = "impossible_rejected"
+    alone: dict[str, float] | None = None   # computed only when an impossible request ended
     for rid, line in ix.arrivals.items():
         need = required_blocks(line["prompt_tokens"], line["output_tokens"], ix.bs)
         end = ix.terminal(rid)
@@ -338,12 +429,40 @@ def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
         elif ended not in ("rejected", "cancelled"):
             yield ix.violation(cid, f"needs {need} pages alone, capacity is {ix.capacity}: expected rejected, got "
                                     f"{ended or 'no terminal event'}", rid)
+        else:
+            alone = _alone_since(ix) if alone is None else alone
+            if rid in alone:
+                yield ix.violation(cid, f"needs {need} pages alone, capacity is {ix.capacity}: by the end of t="
+                                        f"{alone[rid]} nothing else was waiting, admitted or awaiting release, so it "
+                                        f"should have been rejected then; it was still waiting and ended {ended} at "
+                                        f"t={ix.time(end[0])}", rid, end[0])
+
+
+def _alone_since(ix: ReportIndex) -> dict[str, float]:
+    """Each request that, after all the events of some time, was the only one waiting, admitted or awaiting its
+    release while it had not ended: the first such time."""
+    replay = Replay()
+    alone: dict[str, float] = {}
+    events = ix.events
+    for i, ev in enumerate(events):
+        replay.advance(ev)
+        if i + 1 < len(events) and events[i + 1]["time"] == ev["time"]:
+            continue
+        members = replay.members
+        open_ = members["queued"] | members["active"] | members["draining"]
+        if len(open_) == 1:
+            alone.setdefault(next(iter(open_)), ev["time"])
+    return alone
 
 
 @clause("usage_agrees",
         "Where a request row carries the server's own completion token count (usage_completion_tokens, "
         "client-side reports), it equals the tokens the client counted in the stream.",
-        "A stream that loses or invents tokens while the usage frame says otherwise hides output from the client.")
+        "A stream that loses or invents tokens while the usage frame says otherwise hides output from the client.",
+        reads=("requests.*.usage_completion_tokens", "events[token]"),
+        compares={
+            "requests.*.usage_completion_tokens": "it equals the tokens the client counted in the stream",
+        })
 def _usage_agrees(ix: ReportIndex) -> Iterator[Violation]:
     for rid, _, row in ix.rows():
         usage = row.get("usage_completion_tokens")

@@ -15,7 +15,11 @@ from .core import TERMINAL, ReportIndex, Violation, clause
         "total prompt + k - 1, and rows never exceed prompt plus the outputs emitted so far.",
         "The newest sampled token is fed exactly once; re-feeding it after recompute duplicates a KV row.",
         needs=("dispatch", "token"),
-        admits="recompute in any chunking; any preemption victim")
+        admits="recompute in any chunking; any preemption victim",
+        reads=("trace.prompt_tokens", "events[dispatch].work[].input_tokens", "events[preempted]", "events[token]"),
+        compares={
+            "events[dispatch].work[].input_tokens": "the input rows fed before emitting output k total prompt + k - 1",
+        })
 def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pending_sample_fed_once"
     for rid, line in ix.arrivals.items():
@@ -44,7 +48,15 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
         "max_active (1 under the serial policy).",
         "Rows for a request that is not admitted compute on pages it does not own.", needs=("admit", "dispatch"),
         admits=("any admission order (FIFO, shortest first, ...), any rotation, admission and scheduling in the "
-                "same step"))
+                "same step"),
+        reads=("config.policy", "config.max_active", "events[arrival]", "events[admit]", "events[preempted]",
+               "events[finished]", "events[cancelled]", "events[rejected]", "events[dispatch].work[].id"),
+        compares={
+            "events[admit]": "admitted only while queued",
+            "events[dispatch].work[].id": "runs rows only while admitted",
+            "events[preempted]": "preempted only while admitted",
+            "admitted requests": "never exceeds max_active",
+        })
 def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
     cid = "lifecycle_order"
     limit = ix.max_active()
@@ -87,7 +99,12 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
         "Each dispatch feeds at most token_budget input tokens, and its unused_budget is token_budget minus "
         "what it fed.",
         "The token budget bounds step latency; overrunning it breaks every latency SLO built on it.",
-        needs=("dispatch",))
+        needs=("dispatch",),
+        reads=("config.token_budget", "events[dispatch].work[].input_tokens", "events[dispatch].unused_budget"),
+        compares={
+            "events[dispatch].work[].input_tokens": "at most token_budget input tokens",
+            "events[dispatch].unused_budget": "its unused_budget is token_budget minus what it fed",
+        })
 def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
     budget = ix.cfg["token_budget"]
     for i in ix.dispatches:
@@ -105,7 +122,15 @@ def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
         "after the prompt is fed and an output exists; prefill rows feed only prompt positions; prefill and "
         "recompute rows feed at most prefill_chunk tokens; recompute rows appear only after a preemption.",
         "Malformed rows mean the batch computes positions that were never scheduled.", needs=("dispatch", "token"),
-        admits="decode and prefill rows in any order and rotation; chunks of any size up to prefill_chunk")
+        admits="decode and prefill rows in any order and rotation; chunks of any size up to prefill_chunk",
+        reads=("config.prefill_chunk", "trace.prompt_tokens", "events[dispatch].work[].id",
+               "events[dispatch].work[].phase", "events[dispatch].work[].input_tokens", "events[token]",
+               "events[preempted]"),
+        compares={
+            "events[dispatch].work": "at most one row per request and at least one row",
+            "events[dispatch].work[].phase": "decode rows",
+            "events[dispatch].work[].input_tokens": "feed exactly 1 token",
+        })
 def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
     cid = "row_shape"
     chunk = ix.cfg["prefill_chunk"]
@@ -152,7 +177,12 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
 @clause("input_tokens_accounted",
         "summary.processed_input_tokens equals the sum of all dispatched rows, and summary.dispatches the number "
         "of dispatch events.",
-        "Wasted prefill on cancelled requests must show up in the token count, not vanish.", needs=("dispatch",))
+        "Wasted prefill on cancelled requests must show up in the token count, not vanish.", needs=("dispatch",),
+        reads=("events[dispatch].work[].input_tokens", "summary.processed_input_tokens", "summary.dispatches"),
+        compares={
+            "summary.processed_input_tokens": "summary.processed_input_tokens equals the sum of all dispatched rows",
+            "summary.dispatches": "summary.dispatches the number of dispatch events",
+        })
 def _input_tokens_accounted(ix: ReportIndex) -> Iterator[Violation]:
     summary = ix.report["summary"]
     total = sum(row["input_tokens"] for i in ix.dispatches for row in ix.events[i]["work"])

@@ -20,13 +20,13 @@ base), ``allocator``/``recompute``/``transfer`` (one machine each) and
 """
 
 from .allocator import allocator_machine
-from .clauses import ABORT_REASONS, LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
+from .clauses import ABORT_REASONS, LIFECYCLE, LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleClause, LifecycleViolation
 from .recompute import recompute_machine
 from .transfer import transfer_machine
 from .verdicts import MACHINES, MAX_FAILURES, MIN_STEPS, Verdict, lifecycle_settings, lifecycle_verdicts, missing_parts
 
 __all__ = [
-    "ABORT_REASONS", "LIFECYCLE_CLAUSES", "MACHINES", "MAX_FAILURES", "MIN_STEPS", "PARTS", "PART_CLAUSES",
+    "ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "LifecycleClause", "MACHINES", "MAX_FAILURES", "MIN_STEPS", "PARTS", "PART_CLAUSES",
     "LifecycleViolation", "Verdict", "allocator_machine", "lifecycle_settings", "lifecycle_verdicts",
     "missing_parts", "recompute_machine", "transfer_machine",
 ]

@@ -15,7 +15,8 @@ import builtins
 import functools
 import inspect
 import os
-from collections.abc import Callable, Hashable
+import re
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
@@ -24,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
 from .oracle import PoolOracle
 
-__all__ = ["PICK", "LifecycleMachine", "bind", "choose", "import_lines", "judged"]
+__all__ = ["ANY", "PICK", "LifecycleMachine", "bind", "choose", "import_lines", "judged", "surface_names"]
 
 PC = "lifecycle.page_conservation"
 PV = "lifecycle.pool_views"
@@ -64,6 +65,30 @@ def choose(pick: int, candidates: list[Any]) -> Any:
     return candidates[pick % len(candidates)]
 
 
+ANY = object()
+"""``must_raise(..., returns=ANY)``: the call may also return anything, as long as it changes nothing."""
+
+# An attribute after a dot, or a string key looked up on an event (``e['index']``) or a record (``...]['room']``);
+# owner and pin names in ``pool.tables['a']`` are data, not published names.
+_SURFACE = re.compile(r"\.([A-Za-z_]\w*)|(?:\be|\])\['([A-Za-z_]\w*)'\]")
+_MAPPING_METHODS = frozenset({"get", "items", "keys", "values"})
+
+
+def surface_names(expr: str) -> set[str]:
+    """The published names (attributes, record and event fields) a read written as ``expr`` touches."""
+    return {a or k for a, k in _SURFACE.findall(expr)} - _MAPPING_METHODS
+
+
+def field_of(obj: Any, name: str) -> Any:
+    """A field of plain data whose form the published text leaves open: a mapping's key or an attribute."""
+    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
+
+
+def field_expr(variable: str, obj: Any, name: str) -> str:
+    """How ``field_of(obj, name)`` reads in a replay script."""
+    return f"{variable}[{name!r}]" if isinstance(obj, Mapping) else f"{variable}.{name}"
+
+
 def _exception_name(exc: type[BaseException]) -> str:
     return exc.__name__ if getattr(builtins, exc.__name__, None) is exc else "Exception"
 
@@ -100,6 +125,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     part = ""
     disabled: frozenset[str] = frozenset()
     header: tuple[str, ...] = ()
+    read_log: set[tuple[str, str]] | None = None  # when a set: every (clause, published name) a check reads
 
     def __init__(self) -> None:
         super().__init__()
@@ -126,10 +152,16 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def observe(self, clause: str, expr: str, fn: Callable[[], Any]) -> Any:
         """Evaluate a read of the implementation's state; an exception violates ``clause``."""
+        self.reading(clause, *surface_names(expr))
         try:
             return fn()
         except Exception as exc:
             self.fail(clause, f"{expr} raised {type(exc).__name__}: {exc}", expr)
+
+    def reading(self, clause: str, *names: str) -> None:
+        """Log the published names a check of ``clause`` reads (see ``read_log``)."""
+        if self.read_log is not None:
+            self.read_log.update((clause, name) for name in names)
 
     def call(self, clause: str, code: str, fn: Callable[..., Any], *args: Any, why: str = "",
              capture: bool = False) -> Any:
@@ -142,18 +174,20 @@ class LifecycleMachine(RuleBasedStateMachine):
         return result
 
     def must_raise(self, clause: str, code: str, fn: Callable[..., Any], *args: Any,
-                   expected: tuple[type[BaseException], ...], returns: tuple[Any, ...] = (), why: str = "") -> Any:
-        """Run a call that must raise one of ``expected`` (or return one of ``returns``, by identity)."""
+                   expected: tuple[type[BaseException], ...], returns: Any = (), why: str = "") -> Any:
+        """Run a call that must raise one of ``expected`` (or return one of ``returns``, by identity; any value
+        when ``returns`` is ``ANY``)."""
         try:
             result = fn(*args)
         except expected as exc:
             self.record(f"with suppress({_exception_name(type(exc))}): {code}")
             return exc
         except Exception as exc:
-            allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
+            allowed = _names(expected) + (" or return" if returns is ANY else
+                                          "".join(f" or return {value!r}" for value in returns))
             self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}",
                       code)
-        if any(result is value for value in returns):
+        if returns is ANY or any(result is value for value in returns):
             self.record(code)
             return result
         allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
@@ -173,6 +207,10 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def attribute(self, clause: str, variable: str, obj: Any, name: str) -> Any:
         return self.observe(clause, f"{variable}.{name}", lambda: getattr(obj, name))
+
+    def member(self, clause: str, variable: str, obj: Any, name: str) -> Any:
+        """A field of plain data the published text shows in neither form: a mapping's key or an attribute."""
+        return self.observe(clause, field_expr(variable, obj, name), lambda: field_of(obj, name))
 
     # ------------------------------------------------------------------ pool
 
@@ -209,10 +247,13 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def expect_frozen_pins(self, clause: str, context: str) -> None:
         """Every pin's pages still read the rows the oracle says they hold."""
+        if not self.oracle.pins:
+            return
+        probe = next(iter(self.observe(clause, "pool.pages", lambda: list(self.pool.pages.values()))), None)
         for name in self.oracle.pins:
-            expr = f"[t for p in pool.transfers[{name!r}] for t in pool.pages[p].tokens]"
+            expr = f"[t for p in pool.transfers[{name!r}] for t in {field_expr('pool.pages[p]', probe, 'tokens')}]"
             got = self.observe(clause, expr, lambda name=name: [
-                t for p in self.pool.transfers[name] for t in self.pool.pages[p].tokens])
+                t for p in self.pool.transfers[name] for t in field_of(self.pool.pages[p], "tokens")])
             want = self.oracle.pinned_rows(name)
             self.expect(_matches(got, want), clause, f"after {context}: pin {name!r} reads {got!r}, expected {want!r}",
                         f"assert {expr} == {want!r}")
@@ -312,13 +353,13 @@ class LifecycleMachine(RuleBasedStateMachine):
                     f"after {context}: pool.pages holds {sorted(pages, key=repr)!r}, expected the held pages "
                     f"{sorted(held, key=repr)!r}", f"assert set(pool.pages) == {held!r}, set(pool.pages)")
         for page, pid in self.binding.items():
-            for field, want in (("owners", oracle.owners_of(page)), ("pins", oracle.pins_of(page))):
-                expr = f"pool.pages[{pid!r}].{field}"
-                got = self.observe(PV, expr, lambda pid=pid, field=field: set(getattr(pages[pid], field)))
+            for name, want in (("owners", oracle.owners_of(page)), ("pins", oracle.pins_of(page))):
+                expr = field_expr(f"pool.pages[{pid!r}]", pages[pid], name)
+                got = self.observe(PV, expr, lambda pid=pid, name=name: set(field_of(pages[pid], name)))
                 self.expect(got == want, PV, f"after {context}: {expr} == {got!r}, expected {want!r}",
                             f"assert set({expr}) == {want!r}, {expr}")
-            expr = f"pool.pages[{pid!r}].tokens"
-            got = self.observe(PV, expr, lambda pid=pid: list(pages[pid].tokens))
+            expr = field_expr(f"pool.pages[{pid!r}]", pages[pid], "tokens")
+            got = self.observe(PV, expr, lambda pid=pid: list(field_of(pages[pid], "tokens")))
             self.expect(_matches(got, oracle.rows[page]), PV,
                         f"after {context}: {expr} == {got!r}, expected {oracle.rows[page]!r}",
                         f"assert list({expr}) == {oracle.rows[page]!r}, {expr}")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from .clauses import ABORT_REASONS
-from .machine import PICK, LifecycleMachine, bind, choose, judged
+from .machine import PICK, LifecycleMachine, bind, choose, field_expr, judged
 from .oracle import pages_for
 
 __all__ = ["transfer_machine"]
@@ -29,7 +29,7 @@ _STALE_KEYS = ("_transfer/0", -1, "no-such-transfer")
 
 @dataclass
 class _Transfer:
-    """What the contract says one transfer holds; names are learned from its record at begin()."""
+    """What the contract says one transfer holds; its owner and pins are learned from the pool at begin()."""
 
     variable: str
     key: Any
@@ -162,28 +162,32 @@ class _TransferMachine(LifecycleMachine):
         self.expect_rooms(clause, code)
 
     def learn(self, model: _Transfer, code: str) -> None:
-        """Read the new record's destination owner and pins, and apply begin() to the oracle."""
-        clause = "lifecycle.transfer_records"
-        record = self.observe(clause, f"manager.records[{model.variable}]", lambda: self.manager.records[model.key])
-        owner = self.attribute(clause, f"manager.records[{model.variable}]", record, "owner")
-        pins = tuple(self.attribute(clause, f"manager.records[{model.variable}]", record, name)
-                     for name in ("source_pin", "destination_pin"))
-        taken = [name for name in (owner, *pins) if name in self.oracle.tables or name in self.oracle.pins]
-        self.expect(not taken and pins[0] != pins[1], clause,
-                    f"after {code}: the record names owner {owner!r} and pins {pins!r}, which clash with {taken!r}",
-                    f"assert manager.records[{model.variable}].owner not in {sorted(map(repr, self.oracle.tables))}")
-        model.owner, model.pins, model.held = owner, pins, set(pins)
-        self.oracle.pin(model.source, pins[0])
+        """Find the destination owner and the two pins begin() added (from the pool's views, whatever the
+        implementation names them) and apply begin() to the oracle."""
+        clause = "lifecycle.begin_rollback"
+        owners = self.observe(clause, "set(pool.tables)", lambda: set(self.pool.tables)) - set(self.oracle.tables)
+        pins = self.observe(clause, "set(pool.transfers)", lambda: set(self.pool.transfers)) - set(self.oracle.pins)
+        self.expect(len(owners) == 1 and len(pins) == 2, clause,
+                    f"after {code}: begin() added owners {sorted(owners, key=repr)!r} and pins "
+                    f"{sorted(pins, key=repr)!r}; expected one destination owner and two pins (source, destination)",
+                    f"assert len(pool.tables) == {len(self.oracle.tables) + 1} and "
+                    f"len(pool.transfers) == {len(self.oracle.pins) + 2}")
+        owner = next(iter(owners))
+        source_pages = self.observe(clause, f"pool.tables[{model.source!r}]",
+                                    lambda: tuple(self.pool.tables[model.source]))
+        pinned = {pin: self.observe(clause, f"pool.transfers[{pin!r}]", lambda pin=pin: tuple(self.pool.transfers[pin]))
+                  for pin in pins}
+        source_pins = [pin for pin in sorted(pins, key=repr) if pinned[pin] == source_pages]
+        self.expect(len(source_pins) == 1, clause,
+                    f"after {code}: pins {pinned!r}; expected exactly one to hold the source's pages {source_pages!r}",
+                    f"assert tuple(pool.tables[{model.source!r}]) in map(tuple, pool.transfers.values())")
+        destination_pin = next(pin for pin in pins if pin != source_pins[0])
+        model.owner, model.pins, model.held = owner, (source_pins[0], destination_pin), set(pins)
+        self.oracle.pin(model.source, source_pins[0])
         self.oracle.create(owner)
         for _ in model.snapshot:
             self.oracle.append(owner, None)
-        self.oracle.pin(owner, pins[1])
-        pages = self.attribute(clause, f"manager.records[{model.variable}]", record, "destination_pages")
-        table = self.observe(clause, f"pool.tables[{owner!r}]", lambda: tuple(self.pool.tables[owner]))
-        self.expect(tuple(pages) == table, clause,
-                    f"after {code}: destination_pages == {pages!r}, but the destination owns {table!r}",
-                    f"assert tuple(manager.records[{model.variable}].destination_pages) == "
-                    f"tuple(pool.tables[{owner!r}])")
+        self.oracle.pin(owner, destination_pin)
 
     def settle(self, model: _Transfer, method: str, reason: str, code: str) -> None:
         """Apply a callback that took effect to the model and the oracle, and judge its effect on the pool."""
@@ -285,16 +289,18 @@ class _TransferMachine(LifecycleMachine):
             where = f"manager.records[{model.variable}]"
             self.expect(record is not None, clause, f"{where} is missing for a {model.state} transfer",
                         f"assert {model.variable} in manager.records")
-            state = self.attribute(clause, where, record, "state")
+            state = self.member(clause, where, record, "state")
+            shown = field_expr(where, record, "state")
             ok = state == model.state if model.state in _LIVE else state not in _LIVE
             expected = repr(model.state) if model.state in _LIVE else "a state that is not live"
-            self.expect(ok, clause, f"{where}.state == {state!r}, expected {expected}",
-                        f"assert {where}.state == {model.state!r}, {where}.state")
+            self.expect(ok, clause, f"{shown} == {state!r}, expected {expected}",
+                        f"assert {shown} == {model.state!r}, {shown}")
             for name, want in (("room", model.room), ("snapshot", tuple(model.snapshot)), ("reason", model.reason)):
-                got = self.attribute(clause, where, record, name)
+                got = self.member(clause, where, record, name)
                 got = tuple(got) if name == "snapshot" else got
-                self.expect(got == want, clause, f"{where}.{name} == {got!r}, expected {want!r}",
-                            f"assert {where}.{name} == {want!r}, {where}.{name}")
+                shown = field_expr(where, record, name)
+                self.expect(got == want, clause, f"{shown} == {got!r}, expected {want!r}",
+                            f"assert {'tuple(' + shown + ')' if name == 'snapshot' else shown} == {want!r}, {shown}")
         self.observe("lifecycle.self_check", "manager.check()", self.manager.check)
 
     def cleanup(self) -> None:
