@@ -59,3 +59,20 @@ def test_readme_links_resolve() -> None:
     root = Path(__file__).parent.parent
     for target in re.findall(r"\]\(((?:docs|examples|gpu_checks)/[^)#]+)\)", README):
         assert (root / target).exists(), f"README.md links to {target}, which does not exist"
+
+
+def test_the_lifecycle_table_is_the_registry_verbatim() -> None:
+    for cid, statement in LIFECYCLE_CLAUSES.items():
+        row = f"| `{cid}` | {statement.replace('|', chr(92) + '|')} |"
+        assert row in README, f"README.md's lifecycle table has a stale row for {cid}: it should read {row}"
+
+
+def test_readme_counts_of_broken_implementations_are_current() -> None:
+    import re
+
+    from pytest_cbatch.examples import broken_lifecycle, broken_schedulers
+
+    for pattern, count in ((r"holds (\d+) schedulers", len(broken_schedulers.BROKEN)),
+                           (r"holds (\d+) lifecycle implementations", len(broken_lifecycle.BROKEN))):
+        said = {int(n) for n in re.findall(pattern, README)}
+        assert said == {count}, f"README.md says {sorted(said)} for {pattern!r}; there are {count}"
