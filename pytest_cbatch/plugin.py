@@ -88,6 +88,7 @@ class CbatchState:
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
+    part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
     _judge: Any = None
 
     def workload_config(self, config: Mapping[str, Any], explicit: Sequence[str] = ()) -> dict[str, Any]:
@@ -146,8 +147,8 @@ def pytest_configure(config: pytest.Config) -> None:
             from .sandbox import IsolatedImplementation, Limits, load_spec_for
 
             rootdir = str(config.invocation_params.dir)
-            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir),
-                                          Limits(call_seconds=timeout or 86400.0))
+            limits = Limits(call_seconds=timeout or 86400.0, names=(("call_seconds", "--cbatch-timeout"),))
+            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), limits)
         else:
             impl = resolve_impl(spec, bounds=bounds, rootdir=str(config.invocation_params.dir),
                                 tick_seconds=tick_seconds)
@@ -324,6 +325,19 @@ class _Reporter:
         elif call.excinfo.errisinstance(CallStopped):
             report.longrepr = _stopped_text(item, self.state, call.excinfo.value)  # type: ignore[arg-type]
 
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A suite module skipped as a whole (numerics without torch) still shows in the summary, with why."""
+        path = report.nodeid.replace(os.sep, "/")
+        name = path.rpartition("/")[2]
+        suite_module = (self.state.redirected or path.endswith(f"pytest_cbatch/suite/{name}"))
+        if report.skipped and "::" not in path and name.startswith("test_") and suite_module and \
+                (suite_dir() / name).is_file():
+            part = name[len("test_"):].removesuffix(".py")
+            self.state.count(part, None, "skipped")
+            longrepr = report.longrepr
+            reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+            self.state.part_skips[part] = reason.removeprefix("Skipped: ")
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
         part = props.get("cbatch_part")
@@ -354,7 +368,10 @@ class _Reporter:
         errors = "".join(f", {total[k]} {k}" for k in ("xfailed", "xpassed", "error") if total[k])
         tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran ({total['passed']} checks "
                       f"passed, {total['failed']} failed, {total['skipped']} skipped{errors})")
-        tr.write_line("by part: " + "; ".join(f"{part} {_counts_text(counts)}" for part, counts in parts.items()))
+        tr.write_line("by part: " + "; ".join(
+            f"{part} {_counts_text(counts)}" + (f" (the whole module: {self.state.part_skips[part]})"
+                                                if part in self.state.part_skips else "")
+            for part, counts in parts.items()))
         if failed:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
