@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Iterable, TypeVar
 
@@ -88,12 +88,24 @@ class Bounds:
     over the call's start); 0 disables either.  ``time_option`` and
     ``memory_option`` are what the user types to change them in the front end
     in use (``--cbatch-timeout`` under pytest, ``--timeout`` for ``cbatch check``).
+    ``defaults`` names the limits the user left at their default: an
+    implementation may declare its own for those (``declared``).
     """
 
     seconds: float = DEFAULT_SECONDS
     memory_mib: float = DEFAULT_MEMORY_MIB
     time_option: str = "--cbatch-timeout"
     memory_option: str = "--cbatch-memory"
+    defaults: frozenset[str] = frozenset({"seconds", "memory_mib"})
+
+    def declared(self, limits: Any) -> "Bounds":
+        """These bounds with an implementation's declared ``CBATCH_LIMITS`` (a mapping with ``seconds`` and/or
+        ``memory_mib``, e.g. an engine whose first call starts it) applied to the limits left at default."""
+        if not isinstance(limits, dict):
+            return self
+        chosen = {k: float(v) for k, v in limits.items() if k in self.defaults and isinstance(v, (int, float))
+                  and not isinstance(v, bool) and v >= 0}
+        return replace(self, **chosen) if chosen else self
 
     @property
     def active(self) -> bool:

@@ -128,8 +128,10 @@ def _check(argv: list[str]) -> int:
                 else:
                     checked.append(cid)
         else:
+            left = frozenset(field for flag, field in (("--timeout", "seconds"), ("--memory", "memory_mib"))
+                             if not any(a == flag or a.startswith(flag + "=") for a in argv))
             bounds = Bounds(seconds=args.timeout, memory_mib=args.memory, time_option="--timeout",
-                            memory_option="--memory")
+                            memory_option="--memory", defaults=left)
             impl = resolve_impl(args.impl, bounds=bounds, tick_seconds=args.tick_seconds, option="--impl")
             print(f"trace: {trace_name}")
             config = {**BASE_CONFIG, **given}

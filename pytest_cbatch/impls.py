@@ -29,6 +29,9 @@ makes workloads that need it skip with the reason.  Raising
 ``NotImplementedError`` also means "not supported".  Every call runs under
 ``bounded.call`` (a time and a memory limit, ``Bounds``); a call stopped
 there, or an ``exec:`` command past its time limit, is a ``Stopped`` outcome.
+A module may declare its own limits for those the user left at their default,
+``CBATCH_LIMITS = {"seconds": 900, "memory_mib": 0}`` (an engine that starts
+on its first call, say).
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ class PythonImplementation(Implementation):
         self.spec = spec
         self.source = source
         self.namespace = target
-        self.bounds = Bounds() if bounds is None else bounds
+        self.bounds = (Bounds() if bounds is None else bounds).declared(getattr(target, "CBATCH_LIMITS", None))
         fn = target if callable(target) and not inspect.ismodule(target) else getattr(target, "simulate", None)
         if not callable(fn):
             if not any(hasattr(target, part) for part in LIFECYCLE_PARTS):

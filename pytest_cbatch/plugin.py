@@ -133,7 +133,9 @@ def pytest_configure(config: pytest.Config) -> None:
         if limits[name] < 0:
             raise pytest.UsageError(f"--cbatch-{name} must be 0 (no limit) or a positive number of {unit}")
     timeout = limits["timeout"]
-    bounds = Bounds(seconds=timeout, memory_mib=limits["memory"])
+    left = frozenset(field for name, field in (("timeout", "seconds"), ("memory", "memory_mib"))
+                     if config.getoption(f"cbatch_{name}") is None and f"cbatch_{name}" not in config.inicfg)
+    bounds = Bounds(seconds=timeout, memory_mib=limits["memory"], defaults=left)
     profile = _setting(config, "profile")
     if profile not in PROFILES:
         raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")

@@ -164,6 +164,25 @@ def test_a_sleep_is_interrupted_and_a_zero_limit_disables() -> None:
     assert bounded.call(lambda: 7, bounds=Bounds(seconds=0, memory_mib=0)) == 7
 
 
+def test_an_implementation_may_declare_the_limits_left_at_default() -> None:
+    import time
+    import types
+
+    from pytest_cbatch.impls import PythonImplementation
+
+    def simulate_(trace: list, **config: object) -> dict:
+        time.sleep(600)
+        return {}
+
+    engine = types.SimpleNamespace(simulate=simulate_, CBATCH_LIMITS={"seconds": 0.5, "memory_mib": 0})
+    impl = PythonImplementation("engine", engine, "test", Bounds(seconds=600))
+    assert (impl.bounds.seconds, impl.bounds.memory_mib) == (0.5, 0)
+    out = impl.run(demo_trace(), BASE_CONFIG)
+    assert out.stopped and "did not finish within 0.5 s" in out.stopped and "in simulate_" in out.stack, out
+    chosen = PythonImplementation("engine", engine, "test", Bounds(seconds=600, defaults=frozenset({"memory_mib"})))
+    assert (chosen.bounds.seconds, chosen.bounds.memory_mib) == (600, 0)  # the user's own --cbatch-timeout wins
+
+
 def test_a_crash_traceback_starts_at_the_implementation() -> None:
     def helper(row: dict) -> int:
         return row["prompt"]
