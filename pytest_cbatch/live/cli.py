@@ -25,6 +25,13 @@ def _base_url(args: argparse.Namespace) -> str:
     return args.base_url or f"http://{args.host}:{args.port}"
 
 
+def _length_args(parser: argparse.ArgumentParser, *, input_len: int, output_len: int = 16) -> None:
+    parser.add_argument("--input-len", type=int, default=input_len, metavar="WORDS",
+                        help=f"prompt length per request, in words (default {input_len})")
+    parser.add_argument("--output-len", type=int, default=output_len, metavar="TOKENS",
+                        help=f"max_tokens per request (default {output_len})")
+
+
 def serve_main(argv: Sequence[str]) -> int:
     """``cbatch serve``: the embedded OpenAI-compatible server, until interrupted."""
     from ..reference.scheduler_sim import CONFIG_CHOICES
@@ -106,10 +113,7 @@ def load_main(argv: Sequence[str]) -> int:
                         help="requests measured per level (default 64)")
     parser.add_argument("--warmup", type=int, default=4, metavar="N",
                         help="requests per level sent before measuring, not counted (default 4)")
-    parser.add_argument("--input-len", type=int, default=32, metavar="WORDS",
-                        help="prompt length per request, in words (default 32)")
-    parser.add_argument("--output-len", type=int, default=16, metavar="TOKENS",
-                        help="max_tokens per request (default 16)")
+    _length_args(parser, input_len=32)
     parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                         help="ask the server to generate exactly --output-len tokens (default: yes)")
     parser.add_argument("--num-prompts", type=int, help="cycle this many distinct prompts (default: all distinct)")
@@ -160,10 +164,7 @@ def invariance_main(argv: Sequence[str]) -> int:
     _server_args(parser)
     parser.add_argument("--max-batch", type=int, default=8, metavar="N",
                         help="largest batch size; sizes 1, 2, 4, ... up to N (default 8)")
-    parser.add_argument("--input-len", type=int, default=16, metavar="WORDS",
-                        help="prompt length, in words (default 16)")
-    parser.add_argument("--output-len", type=int, default=16, metavar="TOKENS",
-                        help="max_tokens per request (default 16)")
+    _length_args(parser, input_len=16)
     parser.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     parser.add_argument("--require-bitwise", action="store_true", help="exit 1 unless bitwise at every size")
     args = parser.parse_args(list(argv))
