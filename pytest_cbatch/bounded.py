@@ -257,6 +257,8 @@ class _Watchdog:
 
 
 _WATCHDOG = _Watchdog()
+if hasattr(os, "register_at_fork"):  # a forked child starts with no watchdog (and no lock held by one)
+    os.register_at_fork(after_in_child=_WATCHDOG.__init__)
 _SIGNAL = getattr(signal, "SIGALRM", None) if hasattr(signal, "pthread_kill") else None
 _PREVIOUS: list[Any] = [None]
 _LAST_RESORT: dict[str, Any] = {"enabled": True, "fd": 2}
