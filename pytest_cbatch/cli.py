@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Sequence
 
@@ -34,28 +35,56 @@ def _simulate(argv: list[str]) -> int:
 
 
 def _check_parser() -> argparse.ArgumentParser:
+    from .bounded import DEFAULT_MEMORY_MIB, DEFAULT_SECONDS
     from .reference.scheduler_sim import DEFAULT_CONFIG
 
-    parser = argparse.ArgumentParser(prog="cbatch check", description="Check a scheduler against the contract.")
+    parser = argparse.ArgumentParser(
+        prog="cbatch check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Check a scheduler against the contract: run an implementation on a trace (--impl), or check "
+                    "a report recorded elsewhere (--report). Exit 0 when every clause holds, 1 when one is "
+                    "violated, 2 on bad input.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--impl", metavar="SPEC", help="run this implementation (same SPEC forms as --cbatch-impl)")
-    source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything")
-    parser.add_argument("--trace", metavar="JSONL", help="the workload (default: the built-in demo trace)")
+    source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything "
+                                                         "(needs --trace unless it is a report of the demo trace)")
+    parser.add_argument("--trace", metavar="JSONL", help="the workload (with --impl, default: the built-in demo trace)")
     parser.add_argument("--clause", action="append", metavar="ID", help="check only these clauses (repeatable)")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds per run of an exec: implementation")
-    parser.add_argument("--tick-seconds", type=float, default=0.05,
-                        help="seconds per trace tick against an http:// live server (default 0.05)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_SECONDS, metavar="SECONDS",
+                        help="time limit of one run of the implementation (in process or exec:); 0: none")
+    parser.add_argument("--memory", type=float, default=DEFAULT_MEMORY_MIB, metavar="MIB",
+                        help="how much one in-process run may grow this process's memory, in MiB; 0: no limit")
+    parser.add_argument("--tick-seconds", type=float, default=0.05, metavar="SECONDS",
+                        help="seconds per trace tick against an http:// live server")
     for name in ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, metavar="N",
                             help=f"default {DEFAULT_CONFIG[name]} (with --report: the report's own config)")
-    parser.add_argument("--policy", choices=["continuous", "serial"])
-    parser.add_argument("--admission", choices=["reserve", "optimistic"])
+    parser.add_argument("--policy", choices=["continuous", "serial"], help="default continuous")
+    parser.add_argument("--admission", choices=["reserve", "optimistic"], help="default reserve")
     return parser
 
 
+def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any]]) -> str | None:
+    """Why ``report`` is not a report of ``trace`` (its requests are other ids), or None."""
+    requests = report.get("requests")
+    if not isinstance(requests, dict):
+        return None  # schema_valid says what is wrong with it
+    ids = {line["id"] for line in trace if line["event"] == "arrival"}
+    extra, missing = sorted(set(requests) - ids), sorted(ids - set(requests))
+    if not extra and not missing:
+        return None
+
+    def few(names: list[str]) -> str:
+        return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+    parts = [f"has {len(extra)} request id(s) the trace never sends ({few(extra)})" if extra else "",
+             f"lacks {len(missing)} of the trace's ({few(missing)})" if missing else ""]
+    return "the report " + " and ".join(p for p in parts if p)
+
+
 def _check(argv: list[str]) -> int:
+    from .bounded import Bounds
     from .contract import CLAUSES, check_report, clause_ids, unobservable
-    from .explain import timeline
+    from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
     from .reference.scheduler_sim import demo_trace, load_trace, validate_trace
     from .runner import ALL_CLAUSES, Judge
@@ -68,8 +97,12 @@ def _check(argv: list[str]) -> int:
         print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids())}", file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in (*BASE_CONFIG, "admission") if getattr(args, k) is not None}
+    skipped: dict[str, list[str]] = {}
+    stack, stopped = "", False
     try:
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
+        trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
+            f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
         if args.report:
             try:
                 with open(args.report, encoding="utf-8") as fh:
@@ -78,6 +111,12 @@ def _check(argv: list[str]) -> int:
                 raise ValueError(f"{args.report}: not a JSON report: {exc}") from None
             if not isinstance(report, dict):
                 raise ValueError(f"{args.report}: a report is a JSON object, got {type(report).__name__}")
+            mismatch = _report_trace_mismatch(report, trace)
+            if mismatch:
+                hint = ("give --trace T.jsonl, the trace the report was made from" if not args.trace else
+                        "is it the trace the report was made from?")
+                raise ValueError(f"{args.report} is not a report of {trace_name}: {mismatch}; {hint}")
+            print(f"trace: {trace_name}")
             violations = check_report(report, trace, given, clauses=wanted)
             checked = []
             for cid in wanted or clause_ids():
@@ -85,11 +124,16 @@ def _check(argv: list[str]) -> int:
                     continue
                 hidden = unobservable(cid, report)
                 if hidden:
-                    print(f"skip  {cid}: {hidden}")
+                    skipped.setdefault(hidden, []).append(cid)
                 else:
                     checked.append(cid)
         else:
-            impl = resolve_impl(args.impl, timeout=args.timeout, tick_seconds=args.tick_seconds)
+            left = frozenset(field for flag, field in (("--timeout", "seconds"), ("--memory", "memory_mib"))
+                             if not any(a == flag or a.startswith(flag + "=") for a in argv))
+            bounds = Bounds(seconds=args.timeout, memory_mib=args.memory, time_option="--timeout",
+                            memory_option="--memory", defaults=left)
+            impl = resolve_impl(args.impl, bounds=bounds, tick_seconds=args.tick_seconds, option="--impl")
+            print(f"trace: {trace_name}")
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)
             violations, checked, report = [], [], None
@@ -98,10 +142,11 @@ def _check(argv: list[str]) -> int:
                     continue
                 result = judge.judge(cid, trace, config)
                 if result.status == "skip":
-                    print(f"skip  {cid}: {result.reason}")
+                    skipped.setdefault(result.reason, []).append(cid)
                     continue
                 checked.append(cid)
                 violations += result.violations
+                stack, stopped = stack or result.stack, stopped or result.stopped
                 report = result.report or report
     except (OSError, ValueError, ImplementationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -109,15 +154,24 @@ def _check(argv: list[str]) -> int:
     failed = sorted({v.clause for v in violations})
     for v in violations:
         print(v)
+    for line in stack_lines(stack, stopped):
+        print(line)
     if violations and isinstance(report, dict):
         involved = list(dict.fromkeys(v.request for v in violations if v.request))[:4]
         for rid in involved:
             print("  " + timeline(report, rid))
+    for reason, clauses in skipped.items():  # one line per reason: a crash does not bury itself under 32 skips
+        print(f"skip  {clauses[0]}: {reason}" if len(clauses) == 1 else
+              f"skip  {len(clauses)} clauses ({_few(clauses)}): {reason}")
     if failed:
         print(f"FAILED: {len(failed)} of {len(checked)} clauses violated: {', '.join(failed)}")
         return 1
     print(f"OK: all {len(checked)} clauses hold")
     return 0
+
+
+def _few(names: Sequence[str], n: int = 3) -> str:
+    return ", ".join(names[:n]) + (f", ... {len(names) - n} more" if len(names) > n else "")
 
 
 def _schema(argv: list[str]) -> int:
@@ -232,24 +286,60 @@ def _live(name: str) -> Any:
     return run
 
 
-COMMANDS: dict[str, Any] = {
-    "simulate": _simulate, "check": _check, "schema": _schema, "clauses": _clauses, "impls": _impls, "gpu": _gpu,
-    "grade": _grade, "expect": _expect,
-    "serve": _live("serve"), "load": _live("load"), "invariance": _live("invariance"),
+COMMANDS: dict[str, tuple[Any, str]] = {
+    "simulate": (_simulate, "run the reference scheduler on a trace and print its report"),
+    "check": (_check, "check an implementation (--impl) or a recorded report (--report) against the contract"),
+    "schema": (_schema, "list the JSON schemas, or print one"),
+    "clauses": (_clauses, "print the contract clause table"),
+    "impls": (_impls, "list the installed implementations (entry points)"),
+    "gpu": (_gpu, "batched-vs-unbatched logits checks on a real transformer (needs torch)"),
+    "grade": (_grade, "grade student submissions (Gradescope results.json, summary.csv)"),
+    "expect": (_expect, "write an expected-failures file from a run's JUnit XML"),
+    "serve": (_live("serve"), "serve the reference scheduler over an OpenAI-compatible API (live extra)"),
+    "load": (_live("load"), "load sweep against a server, with vLLM bench serve's metrics (live extra)"),
+    "invariance": (_live("invariance"), "batch-invariance sweep over HTTP (live extra)"),
 }
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pytest-cbatch")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cbatch", description="Conformance kit for continuous-batching LLM schedulers.",
+        epilog="Run 'cbatch COMMAND --help' for a command's options. The pytest plugin: "
+               "pytest --cbatch-impl=SPEC (pytest --help, section pytest-cbatch).")
+    parser.add_argument("--version", action="version", version=f"cbatch (pytest-cbatch) {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    for name, (_, summary) in COMMANDS.items():
+        commands.add_parser(name, help=summary, add_help=False)
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``cbatch`` console script."""
+    """Entry point of the ``cbatch`` console script: exit 0 on success, 1 on a finding, 2 on bad usage."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] in ("-h", "--help"):
-        print(__doc__.strip())
-        return 0 if args else 2
-    command = COMMANDS.get(args[0])
-    if command is None:
-        print(f"error: unknown command {args[0]!r}; one of: {', '.join(COMMANDS)}", file=sys.stderr)
-        return 2
-    return int(command(args[1:]))
+    try:
+        if not args:
+            _parser().print_help(sys.stderr)
+            return 2
+        if args[0] not in COMMANDS:
+            try:
+                _parser().parse_args(args[:1])  # -h, --version, or argparse's error naming the commands
+            except SystemExit as exc:
+                return int(exc.code or 0)
+            return 2
+        return int(COMMANDS[args[0]][0](args[1:]))
+    except BrokenPipeError:  # the reader went away (cbatch clauses | head -1): not an error of ours
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # so the interpreter's final flush does not fail again
+        return 0
 
 
 if __name__ == "__main__":

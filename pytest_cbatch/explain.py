@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from .contract import CLAUSES, RUNNER_CLAUSES, Violation
 
-__all__ = ["explain_failure", "replay_command", "timeline", "trace_jsonl", "clause_statement"]
+__all__ = ["explain_failure", "replay_command", "stack_lines", "timeline", "trace_jsonl", "clause_statement"]
 
 MAX_VIOLATIONS = 8
 MAX_TIMELINES = 4
@@ -80,6 +80,15 @@ def timeline(report: Mapping[str, Any], rid: str, limit: int = 24) -> str:
     return f"{rid}: " + " | ".join(parts) if parts else f"{rid}: (no events)"
 
 
+def stack_lines(stack: str, stopped: bool) -> list[str]:
+    """The implementation's traceback (a crash) or its stack when it was stopped, as indented lines."""
+    if not stack.strip():
+        return []
+    title = ("its stack when it was stopped (most recent call last):" if stopped
+             else "traceback of the implementation (most recent call last):")
+    return ["  " + title] + ["  " + line for line in stack.rstrip("\n").splitlines()]
+
+
 def explain_failure(
     *,
     spec: str,
@@ -92,10 +101,13 @@ def explain_failure(
     trace_path: str,
     shrunk_from: int | None = None,
     replay_spec: str | None = None,
+    stack: str = "",
+    stopped: bool = False,
 ) -> str:
-    """The full failure text: clause, violations, config, trace, timelines, replay.
+    """The full failure text: clause, violations, the implementation's stack, config, trace, timelines, replay.
 
-    ``replay_spec`` is the SPEC the replay command names (a file's absolute path, say), default ``spec``.
+    ``replay_spec`` is the SPEC the replay command names (a file's absolute path, say), default ``spec``;
+    ``stack`` is the implementation's traceback, or its stack when it was ``stopped`` for a limit.
     """
     lines = [f"[{clause}] failed on workload {workload!r} with --cbatch-impl={spec}",
              f"  clause: {clause_statement(clause)}"]
@@ -103,6 +115,7 @@ def explain_failure(
         lines.append(f"  - {v}")
     if len(violations) > MAX_VIOLATIONS:
         lines.append(f"  ... {len(violations) - MAX_VIOLATIONS} more")
+    lines += stack_lines(stack, stopped)
     lines.append(f"config: {json.dumps(dict(config))}")
     note = f", shrunk from {shrunk_from} lines" if shrunk_from and shrunk_from != len(trace) else ""
     lines.append(f"trace ({len(trace)} lines{note}):")

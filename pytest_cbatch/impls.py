@@ -7,7 +7,9 @@ SPEC forms, tried in this order:
   {...}}`` as JSON on the command's stdin and reads the report JSON from its
   stdout.  Exit 0 means a report; exit 3 means "setting not supported" (stderr
   is the reason; the test is skipped); any other non-zero exit means the input
-  was refused (stderr is the message).  Runs under a timeout.
+  was refused (stderr is the message).  Runs in a new process session under
+  the time limit; on a timeout the whole session (the command and every
+  process it started) is killed, and so is anything it leaves behind.
 * ``path/to/file.py`` — that file as a module, loaded without installing it;
   ``path/to/file.py:attr`` — an object in it.  The file's folder is first on
   sys.path while it is imported, so ``from scheduler_sim import PagedKV``
@@ -24,7 +26,12 @@ A Python implementation is a callable ``simulate(trace, **config) -> report``,
 or a module or object with a ``simulate`` attribute.  Its capabilities come
 from its signature: a config key it does not accept (and no ``**kwargs``)
 makes workloads that need it skip with the reason.  Raising
-``NotImplementedError`` also means "not supported".
+``NotImplementedError`` also means "not supported".  Every call runs under
+``bounded.call`` (a time and a memory limit, ``Bounds``); a call stopped
+there, or an ``exec:`` command past its time limit, is a ``Stopped`` outcome.
+A module may declare its own limits for those the user left at their default,
+``CBATCH_LIMITS = {"seconds": 900, "memory_mib": 0}`` (an engine that starts
+on its first call, say).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import inspect
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -43,9 +51,12 @@ import types
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+from . import bounded
+from .bounded import Bounds
+
 __all__ = [
     "ENTRY_POINT_GROUP", "Implementation", "ImplementationError", "Refused", "Unsupported",
-    "BrokenOutput", "RunOutcome", "available_impls", "resolve_impl",
+    "BrokenOutput", "RunOutcome", "Stopped", "available_impls", "resolve_impl",
 ]
 
 ENTRY_POINT_GROUP = "pytest_cbatch.impls"
@@ -57,7 +68,19 @@ class ImplementationError(Exception):
 
 
 class Refused(Exception):
-    """The implementation refused its input (raised, or exited non-zero)."""
+    """The implementation refused its input (raised, or exited non-zero); ``stack`` is its traceback."""
+
+    def __init__(self, message: str, stack: str = "") -> None:
+        super().__init__(message)
+        self.stack = stack
+
+
+class Stopped(Exception):
+    """The call was stopped for a limit (time or memory); ``stack`` is the implementation's stack then."""
+
+    def __init__(self, message: str, stack: str = "") -> None:
+        super().__init__(message)
+        self.stack = stack
 
 
 class Unsupported(Exception):
@@ -78,6 +101,8 @@ class RunOutcome:
     broken: str | None = None      # exited 0 / returned, but with no JSON document
     mutated: str | None = None     # what the implementation changed in its input, if anything
     seconds: float = 0.0
+    stopped: str | None = None     # stopped for a limit: what happened and the option that sets the limit
+    stack: str = ""                # the implementation's traceback (a crash) or its stack when stopped
 
 
 class Implementation:
@@ -87,6 +112,7 @@ class Implementation:
     source: str          # where it came from, for the report header
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
     replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
+    bounds: Bounds | None = None  # the in-process limits of its calls (None: it bounds itself, e.g. a process)
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
@@ -108,7 +134,9 @@ class Implementation:
         except Unsupported as exc:
             return RunOutcome(None, unsupported=str(exc))
         except Refused as exc:
-            return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start)
+            return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
+        except Stopped as exc:
+            return RunOutcome(None, stopped=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except BrokenOutput as exc:
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
         seconds = time.perf_counter() - start
@@ -130,15 +158,16 @@ class Implementation:
 class PythonImplementation(Implementation):
     """An in-process ``simulate(trace, **config)`` callable."""
 
-    def __init__(self, spec: str, target: Any, source: str) -> None:
+    def __init__(self, spec: str, target: Any, source: str, bounds: Bounds | None = None) -> None:
         self.spec = spec
         self.source = source
         self.namespace = target
+        self.bounds = (Bounds() if bounds is None else bounds).declared(getattr(target, "CBATCH_LIMITS", None))
         fn = target if callable(target) and not inspect.ismodule(target) else getattr(target, "simulate", None)
         if not callable(fn):
             if not any(hasattr(target, part) for part in LIFECYCLE_PARTS):
                 raise ImplementationError(
-                    f"--cbatch-impl {spec}: {source} is not callable and has neither a callable 'simulate' "
+                    f"{source} is not callable and has neither a callable 'simulate' "
                     f"nor any of {', '.join(LIFECYCLE_PARTS)}"
                 )
             fn = None  # lifecycle parts only: the scheduler clauses do not apply
@@ -158,12 +187,17 @@ class PythonImplementation(Implementation):
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         assert self.fn is not None  # run() checks unsupported_reason first
         try:
-            report = self.fn(trace, **config)
+            report = bounded.call(self.fn, trace, bounds=self.bounds, **config)
+        except bounded.CallStopped as exc:
+            raise Stopped(str(exc), exc.stack) from None
         except NotImplementedError as exc:
             raise Unsupported(f"{self.spec} raised NotImplementedError: {exc}") from exc
         except Exception as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}") from exc
+            raise Refused(f"{type(exc).__name__}: {exc}", bounded.crash_traceback(exc)) from exc
         return report
+
+    def describe(self) -> str:
+        return f"{self.spec} ({self.source}; {self.bounds.describe() if self.bounds else 'unbounded'})"
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
@@ -180,25 +214,33 @@ class ExecImplementation(Implementation):
 
     UNSUPPORTED_EXIT = 3
 
-    def __init__(self, spec: str, command: str, timeout: float) -> None:
+    def __init__(self, spec: str, command: str, limits: Bounds) -> None:
         self.spec = spec
         self.argv = shlex.split(command)
         if not self.argv:
-            raise ImplementationError("--cbatch-impl exec: needs a command, e.g. exec:'./my-scheduler --json'")
-        self.timeout = timeout
-        self.source = f"subprocess {command!r}, timeout {timeout:g}s"
+            raise ImplementationError("exec: needs a command, e.g. exec:'./my-scheduler --json'")
+        self.limits = limits
+        self.source = f"subprocess {command!r}, " + (f"timeout {limits.seconds:g} s" if limits.seconds > 0
+                                                      else "no timeout")
         self.namespace = None
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         payload = json.dumps({"trace": trace, "config": config})
+        seconds = self.limits.seconds
         try:
-            proc = subprocess.run(
-                self.argv, input=payload, capture_output=True, text=True, timeout=self.timeout,
-            )
-        except subprocess.TimeoutExpired:
-            raise Refused(f"timed out after {self.timeout:g}s (--cbatch-timeout)") from None
+            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, start_new_session=True)
         except OSError as exc:
             raise Refused(f"could not start {self.argv[0]!r}: {exc}") from None
+        try:
+            stdout, stderr = proc.communicate(payload, timeout=seconds if seconds > 0 else None)
+        except subprocess.TimeoutExpired:
+            _kill_session(proc)
+            raise Stopped(f"did not finish within {seconds:g} s ({self.limits.time_option}={seconds:g} changes "
+                          f"the limit; 0 disables it); its process session was killed") from None
+        finally:
+            _kill_session(proc)  # whatever it left running in its session
+        proc = subprocess.CompletedProcess(self.argv, proc.returncode, stdout, stderr)
         message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no message on stderr)"
         if proc.returncode == self.UNSUPPORTED_EXIT:
             raise Unsupported(f"{self.spec} exited 3 (unsupported): {message}")
@@ -211,6 +253,20 @@ class ExecImplementation(Implementation):
                                   f"{proc.stdout[:200]!r}") from None
 
 
+def _kill_session(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the process session ``proc`` leads (it started one), then reap ``proc`` and close its pipes."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.returncode is None:
+        try:
+            proc.communicate(timeout=5)
+        except (subprocess.TimeoutExpired, ValueError):
+            proc.kill()
+            proc.wait()
+
+
 def available_impls() -> dict[str, str]:
     """Entry-point names in ``pytest_cbatch.impls`` mapped to their targets."""
     from importlib.metadata import entry_points
@@ -218,48 +274,67 @@ def available_impls() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve_impl(spec: str, *, timeout: float = 60.0, rootdir: str | None = None,
-                 tick_seconds: float = 0.05) -> Implementation:
+def resolve_impl(spec: str, *, timeout: float = bounded.DEFAULT_SECONDS, rootdir: str | None = None,
+                 tick_seconds: float = 0.05, bounds: Bounds | None = None,
+                 option: str = "--cbatch-impl") -> Implementation:
     """Turn a SPEC string into an Implementation; ImplementationError says why not.
 
-    ``http://`` and ``https://`` SPECs are live servers (``pytest_cbatch.live.replay``, needs the
-    ``live`` extra); ``tick_seconds`` is how long one trace tick lasts there and ``timeout``
-    bounds each request.
+    ``bounds`` limits every call (default: ``Bounds(seconds=timeout)``): in process for Python
+    SPECs, as the process's time limit for ``exec:``.  ``http://`` and ``https://`` SPECs are
+    live servers (``pytest_cbatch.live.replay``, needs the ``live`` extra); ``tick_seconds`` is how
+    long one trace tick lasts there and the time limit bounds each request.  Error messages name
+    the SPEC as ``option`` (the front end's flag: ``--cbatch-impl`` under pytest, ``--impl`` for
+    ``cbatch check``).
     """
     spec = spec.strip()
     if not spec:
-        raise ImplementationError("--cbatch-impl is empty")
+        raise ImplementationError(f"{option} is empty")
+    limits = Bounds(seconds=timeout) if bounds is None else bounds
+    try:
+        return _resolve(spec, limits, rootdir, tick_seconds)
+    except ImplementationError as exc:
+        raise ImplementationError(f"{option} {spec!r}: {exc}") from exc.__cause__
+
+
+def _resolve(spec: str, limits: Bounds, rootdir: str | None, tick_seconds: float) -> Implementation:
     if spec.startswith(("http://", "https://")):
         from .live.replay import HttpImplementation
 
-        return HttpImplementation(spec, tick_seconds=tick_seconds, timeout=timeout)
+        return HttpImplementation(spec, tick_seconds=tick_seconds, timeout=limits.seconds or 86400.0)
     if spec.startswith("exec:"):
-        return ExecImplementation(spec, spec[len("exec:"):], timeout)
+        return ExecImplementation(spec, spec[len("exec:"):], limits)
+    def python(target: Any, source: str) -> PythonImplementation:
+        return PythonImplementation(spec, target, source, limits)
+
     if spec.endswith(".py"):
-        return _with_replay(PythonImplementation(spec, _load_file(spec, spec, rootdir), f"file {spec}"),
-                            spec, rootdir)
+        return _with_replay(python(_load_file(spec, spec, rootdir), f"file {spec}"), spec, rootdir)
     if ":" in spec:
         where, _, attr = spec.rpartition(":")
         if where.endswith(".py"):
-            impl = PythonImplementation(spec, _load_file_attr(spec, where, attr, rootdir), f"file {where}")
+            impl = python(_load_file_attr(spec, where, attr, rootdir), f"file {where}")
             return _with_replay(impl, where, rootdir, ":" + attr)
-        return PythonImplementation(spec, _import_attr(spec, where, attr), f"module {where}")
+        return python(_import_attr(spec, where, attr), f"module {where}")
     looks_like_path = "/" in spec or os.sep in spec
-    if looks_like_path and os.path.isdir(_resolve_path(spec, spec, rootdir)):
-        return _with_replay(PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}"),
-                            spec, rootdir)
+    if looks_like_path:  # no module or entry-point name holds a slash
+        full = _resolve_path(spec, spec, rootdir)
+        if os.path.isfile(full):
+            raise ImplementationError(f"{spec!r} is a file but not a .py file; give a Python file, a submission "
+                                      f"folder, or exec:COMMAND to run a program")
+        if not os.path.isdir(full):
+            raise ImplementationError(f"no such folder {spec!r}" + (
+                f" (looked in {rootdir})" if rootdir and not os.path.isabs(spec) else ""))
+        return _with_replay(python(_load_folder(spec, spec, rootdir), f"folder {spec}"), spec, rootdir)
     impls = available_impls()
     if spec in impls:
         target = impls[spec]
         module, _, attr = target.partition(":")
         obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
-        return PythonImplementation(spec, obj, f"entry point {spec} = {target}")
+        return python(obj, f"entry point {spec} = {target}")
     if os.path.isdir(_resolve_path(spec, spec, rootdir)):
-        return _with_replay(PythonImplementation(spec, _load_folder(spec, spec, rootdir), f"folder {spec}"),
-                            spec, rootdir)
+        return _with_replay(python(_load_folder(spec, spec, rootdir), f"folder {spec}"), spec, rootdir)
     if all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]):
-        return PythonImplementation(spec, _import_module(spec, spec), f"module {spec}")
-    raise ImplementationError(_unknown_spec_message(spec, impls))
+        return python(_import_module(spec, spec), f"module {spec}")
+    raise ImplementationError(_unknown_spec_message(impls))
 
 
 def _with_replay(impl: Implementation, path: str, rootdir: str | None, suffix: str = "") -> Implementation:
@@ -267,10 +342,10 @@ def _with_replay(impl: Implementation, path: str, rootdir: str | None, suffix: s
     return impl
 
 
-def _unknown_spec_message(spec: str, impls: Mapping[str, str]) -> str:
+def _unknown_spec_message(impls: Mapping[str, str]) -> str:
     names = ", ".join(sorted(impls)) or "(none installed)"
     return (
-        f"--cbatch-impl {spec!r} is not an installed implementation.\n"
+        f"not an installed implementation, a file, a folder or an importable module.\n"
         f"  installed ({ENTRY_POINT_GROUP} entry points): {names}\n"
         f"  or give one of: package.module[:attr] | path/to/file.py[:attr] | path/to/folder/ | "
         f"http://HOST:PORT | exec:COMMAND"
@@ -281,9 +356,9 @@ def _import_module(spec: str, name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ImplementationError(f"--cbatch-impl {spec}: cannot import {name!r}: {exc}") from exc
+        raise ImplementationError(f"cannot import {name!r}: {exc}") from exc
     except Exception as exc:  # the module itself is broken: still one clear usage error
-        raise ImplementationError(f"--cbatch-impl {spec}: importing {name!r} failed: "
+        raise ImplementationError(f"importing {name!r} failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
 
 
@@ -295,7 +370,7 @@ def _import_attr(spec: str, module: str, attr: str) -> Any:
 def _get_attr(spec: str, obj: Any, attr: str, where: str) -> Any:
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ImplementationError(f"--cbatch-impl {spec}: {where} has no attribute {part!r}")
+            raise ImplementationError(f"{where} has no attribute {part!r}")
         obj = getattr(obj, part)
     return obj
 
@@ -327,7 +402,7 @@ def _load_from_folder(spec: str, folder: str, stems: Sequence[str]) -> list[Any]
             if module is None:
                 loader_spec = importlib.util.spec_from_file_location(stem, os.path.join(folder, stem + ".py"))
                 if loader_spec is None or loader_spec.loader is None:
-                    raise ImplementationError(f"--cbatch-impl {spec}: cannot load {stem}.py as Python")
+                    raise ImplementationError(f"cannot load {stem}.py as Python")
                 module = importlib.util.module_from_spec(loader_spec)
                 sys.modules[stem] = module
                 loader_spec.loader.exec_module(module)
@@ -335,7 +410,7 @@ def _load_from_folder(spec: str, folder: str, stems: Sequence[str]) -> list[Any]
     except ImplementationError:
         raise
     except (Exception, SystemExit) as exc:  # a broken or exiting file: still one clear usage error
-        raise ImplementationError(f"--cbatch-impl {spec}: importing {os.path.join(folder, stem + '.py')!r} "
+        raise ImplementationError(f"importing {os.path.join(folder, stem + '.py')!r} "
                                   f"failed: {type(exc).__name__}: {exc}") from exc
     finally:
         sys.path.remove(folder)
@@ -355,7 +430,7 @@ def _resolve_path(spec: str, path: str, rootdir: str | None) -> str:
 def _load_file(spec: str, path: str, rootdir: str | None) -> Any:
     full = _resolve_path(spec, path, rootdir)
     if not os.path.isfile(full):
-        raise ImplementationError(f"--cbatch-impl {spec}: no such file {path!r}")
+        raise ImplementationError(f"no such file {path!r}")
     stem = os.path.splitext(os.path.basename(full))[0]
     return _load_from_folder(spec, os.path.dirname(os.path.abspath(full)), [stem])[0]
 
@@ -369,7 +444,7 @@ def _load_folder(spec: str, path: str, rootdir: str | None) -> Any:
     folder = _resolve_path(spec, path, rootdir)
     stems = [stem for stem in STUDENT_FILES if os.path.isfile(os.path.join(folder, stem + ".py"))]
     if not stems:
-        raise ImplementationError(f"--cbatch-impl {spec}: the folder holds neither "
+        raise ImplementationError(f"the folder holds neither "
                                   f"{' nor '.join(s + '.py' for s in STUDENT_FILES)}")
     merged = types.SimpleNamespace()
     for module in _load_from_folder(spec, folder, stems):  # scheduler_faults last: its names win

@@ -33,7 +33,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="hypothesis profile: ci (derandomized, the default; same examples for everyone), "
                          "dev (random, remembers failures), thorough (10x examples) (ini: cbatch_profile)")
     group.addoption("--cbatch-timeout", type=float, default=None, metavar="SECONDS",
-                    help="time limit per run of an exec: implementation, default 60 (ini: cbatch_timeout)")
+                    help="time limit of every call into the implementation (in process, exec:, http://, "
+                         "--cbatch-isolate; one lifecycle example), default 60; 0 disables it (ini: cbatch_timeout)")
+    group.addoption("--cbatch-memory", type=float, default=None, metavar="MIB",
+                    help="how much one in-process call may grow this process's resident memory, default 4096 MiB; "
+                         "0 disables it (ini: cbatch_memory)")
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
@@ -52,7 +56,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "collection (ini: cbatch_suite)")
     parser.addini("cbatch_impl", "implementation under test (see --cbatch-impl)", default=None)
     parser.addini("cbatch_profile", "hypothesis profile: ci, dev or thorough", default="ci")
-    parser.addini("cbatch_timeout", "seconds per run of an exec: implementation", default="60")
+    parser.addini("cbatch_timeout", "seconds per call into the implementation, 0: no limit (see --cbatch-timeout)",
+                  default="60")
+    parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
+                  default="4096")
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
@@ -81,6 +88,7 @@ class CbatchState:
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
+    part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
     _judge: Any = None
 
     def workload_config(self, config: Mapping[str, Any], explicit: Sequence[str] = ()) -> dict[str, Any]:
@@ -113,10 +121,21 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     from .impls import ImplementationError, resolve_impl
 
-    try:
-        timeout = float(_setting(config, "timeout"))
-    except ValueError:
-        raise pytest.UsageError(f"cbatch_timeout must be a number of seconds, got {_setting(config, 'timeout')!r}")
+    from .bounded import Bounds
+
+    limits = {}
+    for name, unit in (("timeout", "seconds"), ("memory", "MiB")):
+        try:
+            limits[name] = float(_setting(config, name))
+        except ValueError:
+            raise pytest.UsageError(f"--cbatch-{name} (ini cbatch_{name}) must be a number of {unit}, got "
+                                    f"{_setting(config, name)!r}") from None
+        if limits[name] < 0:
+            raise pytest.UsageError(f"--cbatch-{name} must be 0 (no limit) or a positive number of {unit}")
+    timeout = limits["timeout"]
+    left = frozenset(field for name, field in (("timeout", "seconds"), ("memory", "memory_mib"))
+                     if config.getoption(f"cbatch_{name}") is None and f"cbatch_{name}" not in config.inicfg)
+    bounds = Bounds(seconds=timeout, memory_mib=limits["memory"], defaults=left)
     profile = _setting(config, "profile")
     if profile not in PROFILES:
         raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")
@@ -130,9 +149,10 @@ def pytest_configure(config: pytest.Config) -> None:
             from .sandbox import IsolatedImplementation, Limits, load_spec_for
 
             rootdir = str(config.invocation_params.dir)
-            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), Limits(call_seconds=timeout))
+            limits = Limits(call_seconds=timeout or 86400.0, names=(("call_seconds", "--cbatch-timeout"),))
+            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), limits)
         else:
-            impl = resolve_impl(spec, timeout=timeout, rootdir=str(config.invocation_params.dir),
+            impl = resolve_impl(spec, bounds=bounds, rootdir=str(config.invocation_params.dir),
                                 tick_seconds=tick_seconds)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
@@ -147,10 +167,37 @@ def pytest_configure(config: pytest.Config) -> None:
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected,
                         overrides=_config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config")))
     config.stash[_STATE] = state
+    _configure_last_resort(config, enabled=timeout > 0 and not _faulthandler_timeout(config))
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
     from .expect import configure as configure_expectations
 
     configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
+
+
+def _faulthandler_timeout(config: pytest.Config) -> bool:
+    """Whether pytest's faulthandler_timeout is set (it then ends a stuck process, and owns faulthandler's timer)."""
+    try:
+        return float(config.getini("faulthandler_timeout") or 0) > 0
+    except (ValueError, KeyError):
+        return False
+
+
+def _configure_last_resort(config: pytest.Config, enabled: bool) -> None:
+    """Point the last resort of ``bounded`` at a copy of the terminal's stderr (fd 2 is captured during tests)."""
+    from .bounded import configure_last_resort
+
+    try:
+        fd = os.dup(2)
+    except OSError:
+        configure_last_resort(enabled=enabled)
+        return
+    previous = configure_last_resort(enabled=enabled, fd=fd)
+
+    def restore() -> None:
+        configure_last_resort(**previous)
+        os.close(fd)
+
+    config.add_cleanup(restore)
 
 
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -265,6 +312,34 @@ class _Reporter:
             module = item.function.__module__  # type: ignore[attr-defined]
             item.user_properties.append(("cbatch_part", module.rpartition(".test_")[2]))
 
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+        """A test that ended because the implementation was stopped for a limit fails with the explanation,
+        not with a traceback through the kit."""
+        outcome = yield
+        if call.excinfo is None:
+            return
+        from .bounded import CallStopped
+
+        report = outcome.get_result()
+        if call.excinfo.errisinstance(RunawayFailure):
+            report.longrepr = str(call.excinfo.value)
+        elif call.excinfo.errisinstance(CallStopped):
+            report.longrepr = _stopped_text(item, self.state, call.excinfo.value)  # type: ignore[arg-type]
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        """A suite module skipped as a whole (numerics without torch) still shows in the summary, with why."""
+        path = report.nodeid.replace(os.sep, "/")
+        name = path.rpartition("/")[2]
+        suite_module = (self.state.redirected or path.endswith(f"pytest_cbatch/suite/{name}"))
+        if report.skipped and "::" not in path and name.startswith("test_") and suite_module and \
+                (suite_dir() / name).is_file():
+            part = name[len("test_"):].removesuffix(".py")
+            self.state.count(part, None, "skipped")
+            longrepr = report.longrepr
+            reason = str(longrepr[2] if isinstance(longrepr, tuple) else longrepr)
+            self.state.part_skips[part] = reason.removeprefix("Skipped: ")
+
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         props = dict(report.user_properties)
         part = props.get("cbatch_part")
@@ -295,7 +370,10 @@ class _Reporter:
         errors = "".join(f", {total[k]} {k}" for k in ("xfailed", "xpassed", "error") if total[k])
         tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran ({total['passed']} checks "
                       f"passed, {total['failed']} failed, {total['skipped']} skipped{errors})")
-        tr.write_line("by part: " + "; ".join(f"{part} {_counts_text(counts)}" for part, counts in parts.items()))
+        tr.write_line("by part: " + "; ".join(
+            f"{part} {_counts_text(counts)}" + (f" (the whole module: {self.state.part_skips[part]})"
+                                                if part in self.state.part_skips else "")
+            for part, counts in parts.items()))
         if failed:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
@@ -309,6 +387,27 @@ class _Reporter:
             tr.write_line(f"WARNING: most conformance checks were SKIPPED ({total['skipped']} of "
                           f"{sum(total.values())}); a green run proves little here. See why with -rs.",
                           red=True, bold=True)
+
+
+def _stopped_text(item: pytest.Item, state: CbatchState, stopped: Any) -> str:
+    """The failure text of a test the watchdog stopped outside the contract runner (a lifecycle example)."""
+    from .bounded import last_stop
+    from .explain import stack_lines
+
+    stopped = stopped if stopped.message else (last_stop() or stopped)
+    props = dict(item.user_properties)
+    what = props.get("cbatch_clause") or item.name
+    part = props.get("cbatch_workload")
+    scope = f"one example of the {part} state machine" if str(what).startswith("lifecycle.") else "the call"
+    lines = [f"[{what}] stopped with --cbatch-impl={state.spec}: {scope} {stopped}"]
+    lines += stack_lines(stopped.stack, True)
+    if getattr(stopped, "script", ""):
+        lines.append("the example's operations so far (runnable Python; the next call into the implementation "
+                     "did not return):")
+        lines += ["  " + line for line in stopped.script.splitlines()]
+    if part and str(what).startswith("lifecycle."):
+        lines.append(f"rerun: pytest --cbatch-impl={state.spec} -k 'test_lifecycle and {part}'")
+    return "\n".join(lines)
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -387,7 +486,7 @@ def fail_clause(
     from .runner import shrink_trace
 
     original = len(trace)
-    if shrink:
+    if shrink and not result.stopped:
         smaller = shrink_trace(state.judge, clause, trace, config)
         if len(smaller) < len(trace):
             retry = state.judge.judge(clause, smaller, config)
@@ -396,8 +495,19 @@ def fail_clause(
     path = _write_artifact(state.artifacts, f"{clause}-{workload}.jsonl", trace_jsonl(trace))
     text = explain_failure(spec=state.spec, replay_spec=state.impl.replay(), clause=clause, workload=workload,
                            violations=result.violations, trace=trace, config=config, report=result.report,
-                           trace_path=path, shrunk_from=original)
+                           trace_path=path, shrunk_from=original, stack=result.stack, stopped=result.stopped)
+    if result.stopped:
+        raise RunawayFailure(text)
     pytest.fail(text, pytrace=False)
+
+
+class RunawayFailure(BaseException):
+    """A test's failure because the implementation was stopped for a limit.
+
+    A BaseException, so Hypothesis does not shrink on it (each shrink step would
+    wait out the limit again): the test ends at once with the trace that was
+    stopped, and the plugin reports the text as an ordinary failure.
+    """
 
 
 def _write_artifact(folder: Path, name: str, text: str) -> str:

@@ -20,6 +20,7 @@ __all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLA
 ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(CLAUSES) + tuple(RUNNER_CLAUSES)
 
 COMPLETES_STATEMENT = "The implementation returns a report for every valid trace and config it supports."
+NO_REPORT = "no report to check (see clause 'completes')"
 
 
 @dataclass
@@ -32,6 +33,8 @@ class ClauseResult:
     reason: str = ""                 # why skipped
     report: dict[str, Any] | None = None
     unobservable: bool = False       # skipped because the report cannot show what the clause needs
+    stack: str = ""                  # the implementation's traceback (a crash) or its stack when it was stopped
+    stopped: bool = False            # the run was stopped for a limit (time or memory): do not rerun it
 
 
 @dataclass
@@ -72,9 +75,13 @@ class Judge:
             return ClauseResult(clause, "skip", reason=out.unsupported)
         if out.report is None:
             if clause != "completes":
-                return ClauseResult(clause, "skip", reason="no report to check (see clause 'completes')")
+                return ClauseResult(clause, "skip", reason=NO_REPORT)
+            if out.stopped:
+                return ClauseResult(clause, "fail", [Violation("completes", f"the run was stopped: it {out.stopped}")],
+                                    stack=out.stack, stopped=True)
             what = out.refused or out.broken or "no report"
-            return ClauseResult(clause, "fail", [Violation("completes", f"no report for a valid workload: {what}")])
+            return ClauseResult(clause, "fail", [Violation("completes", f"no report for a valid workload: {what}")],
+                                stack=out.stack)
         report = out.report
         if clause == "completes":
             return ClauseResult(clause, "pass", report=report)
@@ -92,6 +99,11 @@ class Judge:
             return ClauseResult(clause, "skip", reason=hidden, report=report, unobservable=True)
         if clause == "deterministic":
             again = self.impl.run(trace, config)
+            if again.report is None:
+                what = f"was stopped: it {again.stopped}" if again.stopped else \
+                    f"gave no report: {again.refused or again.broken or again.unsupported}"
+                return ClauseResult(clause, "fail", [Violation(clause, f"the second run {what}")], report=report,
+                                    stack=again.stack, stopped=bool(again.stopped))
             diff = first_difference(report, again.report)
             found = [Violation(clause, f"second run differs at {diff}")] if diff else []
             return ClauseResult(clause, "fail" if found else "pass", found, report=report)
@@ -102,6 +114,9 @@ class Judge:
         """Clause invalid_input_refused on one invalid (trace, config) pair."""
         out = self.impl.run(trace, config)
         cid = "invalid_input_refused"
+        if out.stopped:
+            return ClauseResult(cid, "fail", [Violation(cid, f"the run on invalid input was stopped: it {out.stopped} "
+                                                             f"(expected a refusal)")], stack=out.stack, stopped=True)
         if out.refused:
             return ClauseResult(cid, "pass", reason=out.refused)
         if out.unsupported:
@@ -145,7 +160,8 @@ def shrink_trace(
 
     Returns the smallest failing trace found within ``max_runs`` extra runs
     (the original when nothing can go).  Clauses about the implementation
-    itself (determinism, mutation) are not shrunk.
+    itself (determinism, mutation) are not shrunk, and shrinking ends at the
+    first candidate whose run was stopped for a limit.
     """
     current = [dict(line) for line in trace]
     if clause in RUNNER_CLAUSES:
@@ -159,6 +175,9 @@ def shrink_trace(
         nonlocal runs
         runs += 1
         if not candidate:
+            return False
+        if judge.run(candidate, config).outcome.stopped:  # a hang costs a whole limit per run: stop shrinking
+            runs = max_runs
             return False
         result = judge.judge(clause, candidate, config)
         return result.status == "fail" and wanted <= schema_kinds(result.violations)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
+from ..bounded import Bounds, bounded_machine
 from .allocator import allocator_machine
 from .clauses import PART_CLAUSES, PARTS, LifecycleViolation
 from .recompute import recompute_machine
@@ -64,7 +65,7 @@ def lifecycle_settings(base: Settings | None = None) -> Settings:
 
 
 def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None = None, *,
-                       max_failures: int = MAX_FAILURES) -> dict[str, Verdict]:
+                       max_failures: int = MAX_FAILURES, bounds: Bounds | None = None) -> dict[str, Verdict]:
     """Judge every clause of ``part`` on the implementation ``namespace``: ``{clause id: Verdict}``.
 
     The part's machine runs under ``lifecycle_settings(settings)``.  When it
@@ -74,6 +75,8 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     does not cost every clause.  After ``max_failures`` failing clauses the
     rest are ``skip``; a part the namespace lacks is ``skip`` throughout; a run
     that breaks down outside any clause makes the clauses not yet judged ``error``.
+    With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
+    raises ``bounded.CallStopped`` at once, without shrinking.
     """
     if part not in PARTS:
         raise ValueError(f"unknown lifecycle part {part!r}; expected one of {', '.join(PARTS)}")
@@ -85,6 +88,8 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     config = lifecycle_settings(settings)
     while len(verdicts) < max_failures:
         machine = MACHINES[part](namespace, frozenset(verdicts))
+        if bounds is not None:
+            machine = bounded_machine(machine, bounds)
         try:
             run_state_machine_as_test(machine, settings=config)
         except LifecycleViolation as violation:

@@ -14,8 +14,8 @@ __all__ = ["serve_main", "load_main", "invariance_main"]
 
 def _server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", help="http://HOST:PORT[/v1] (default: from --host and --port)")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1", help="server host (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="server port (default 8000)")
     parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
@@ -23,6 +23,13 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
 
 def _base_url(args: argparse.Namespace) -> str:
     return args.base_url or f"http://{args.host}:{args.port}"
+
+
+def _length_args(parser: argparse.ArgumentParser, *, input_len: int, output_len: int = 16) -> None:
+    parser.add_argument("--input-len", type=int, default=input_len, metavar="WORDS",
+                        help=f"prompt length per request, in words (default {input_len})")
+    parser.add_argument("--output-len", type=int, default=output_len, metavar="TOKENS",
+                        help=f"max_tokens per request (default {output_len})")
 
 
 def serve_main(argv: Sequence[str]) -> int:
@@ -35,16 +42,20 @@ def serve_main(argv: Sequence[str]) -> int:
                                      "OpenAI-compatible HTTP (completions, chat, models, health, metrics).")
     parser.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1 (loopback only)")
     parser.add_argument("--port", type=int, default=8000, help="default 8000; 0 picks a free port")
-    parser.add_argument("--tick-ms", type=float, default=10.0, help="wall-clock length of one tick (default 10)")
-    parser.add_argument("--backend", choices=BACKENDS, default="synthetic")
-    parser.add_argument("--numerics", choices=NUMERICS, default="batch_invariant", help="tiny backend only")
+    parser.add_argument("--tick-ms", type=float, default=10.0,
+                        help="wall-clock length of one tick, in milliseconds (default 10)")
+    parser.add_argument("--backend", choices=BACKENDS, default="synthetic", help="default synthetic")
+    parser.add_argument("--numerics", choices=NUMERICS, default="batch_invariant",
+                        help="tiny backend only (default batch_invariant)")
     parser.add_argument("--seed", type=int, default=0, help="model weights seed (tiny backend)")
     parser.add_argument("--model", help="the model id to serve (default from the backend)")
     for name in ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, metavar="N",
                             default=SERVE_DEFAULTS[name], help=f"default {SERVE_DEFAULTS[name]}")
-    parser.add_argument("--policy", choices=CONFIG_CHOICES["policy"], default=SERVE_DEFAULTS["policy"])
-    parser.add_argument("--admission", choices=CONFIG_CHOICES["admission"], default=SERVE_DEFAULTS["admission"])
+    parser.add_argument("--policy", choices=CONFIG_CHOICES["policy"], default=SERVE_DEFAULTS["policy"],
+                        help=f"default {SERVE_DEFAULTS['policy']}")
+    parser.add_argument("--admission", choices=CONFIG_CHOICES["admission"], default=SERVE_DEFAULTS["admission"],
+                        help=f"default {SERVE_DEFAULTS['admission']}")
     args = parser.parse_args(list(argv))
     if args.tick_ms < 0:
         parser.error("--tick-ms must be nonnegative")
@@ -90,20 +101,26 @@ def load_main(argv: Sequence[str]) -> int:
                                      "bench serve's metric definitions.")
     _server_args(parser)
     levels = parser.add_mutually_exclusive_group()
-    levels.add_argument("--concurrency", type=int, nargs="+", help="closed loop: requests held in flight per level")
-    levels.add_argument("--request-rate", type=float, nargs="+", help="open loop: arrivals per second per level "
-                        "(inf: all at once)")
-    parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of open-loop gaps (1: Poisson)")
-    parser.add_argument("--max-concurrency", type=int, help="open loop: at most this many requests run at once")
-    parser.add_argument("--requests-per-level", type=int, default=64)
-    parser.add_argument("--warmup", type=int, default=4, help="requests per level sent before measuring")
-    parser.add_argument("--input-len", type=int, default=32, help="prompt words per request")
-    parser.add_argument("--output-len", type=int, default=16, help="max_tokens per request")
-    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True)
+    levels.add_argument("--concurrency", type=int, nargs="+", metavar="N",
+                        help="closed loop: requests held in flight, one level per value (default 1 2 4 8)")
+    levels.add_argument("--request-rate", type=float, nargs="+", metavar="RPS",
+                        help="open loop: arrivals per second, one level per value (inf: all at once)")
+    parser.add_argument("--burstiness", type=float, default=1.0,
+                        help="gamma shape of open-loop gaps (default 1: Poisson)")
+    parser.add_argument("--max-concurrency", type=int, metavar="N",
+                        help="open loop: at most this many requests run at once (default: no cap)")
+    parser.add_argument("--requests-per-level", type=int, default=64, metavar="N",
+                        help="requests measured per level (default 64)")
+    parser.add_argument("--warmup", type=int, default=4, metavar="N",
+                        help="requests per level sent before measuring, not counted (default 4)")
+    _length_args(parser, input_len=32)
+    parser.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
+                        help="ask the server to generate exactly --output-len tokens (default: yes)")
     parser.add_argument("--num-prompts", type=int, help="cycle this many distinct prompts (default: all distinct)")
     parser.add_argument("--knee-threshold", type=float, default=0.5,
                         help="knee: first level whose throughput gain is below this fraction of linear (0.5)")
-    parser.add_argument("--api", choices=("completions", "chat"), default="completions")
+    parser.add_argument("--api", choices=("completions", "chat"), default="completions",
+                        help="which OpenAI endpoint (default completions)")
     parser.add_argument("--goodput", nargs="+", metavar="NAME:MS", help="SLOs for goodput, e.g. ttft:500 tpot:50")
     parser.add_argument("--json", metavar="PATH", help="write the results (rewritten after every level)")
     parser.add_argument("--plot", metavar="PNG", help="plot throughput and latency percentiles (needs matplotlib)")
@@ -145,9 +162,9 @@ def invariance_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="cbatch invariance", description="Batch-invariance sweep over HTTP: "
                                      "one prompt at batch sizes 1, 2, 4, ... compared with the batch of one.")
     _server_args(parser)
-    parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--input-len", type=int, default=16)
-    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="largest batch size; sizes 1, 2, 4, ... up to N (default 8)")
+    _length_args(parser, input_len=16)
     parser.add_argument("--json", metavar="PATH", help="write the verdicts as JSON")
     parser.add_argument("--require-bitwise", action="store_true", help="exit 1 unless bitwise at every size")
     args = parser.parse_args(list(argv))

@@ -198,8 +198,8 @@ def write_json(path: str, opts: LoadOptions, results: list[dict[str, Any]]) -> N
 
 def format_table(results: list[dict[str, Any]], mode: str = "closed") -> str:
     """One line per level: concurrency, throughput, TTFT/TPOT/ITL/E2EL median and p99 (ms), failures."""
-    head = ("conc" if mode == "closed" else "rate", "achieved", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-            "TPOT p50", "TPOT p99", "ITL p50", "ITL p99", "E2EL p50", "E2EL p99", "failed", "")
+    head = ("conc" if mode == "closed" else "rate req/s", "achieved conc", "req/s", "out tok/s",
+            *(f"{name} {q} ms" for name in ("TTFT", "TPOT", "ITL", "E2EL") for q in ("p50", "p99")), "failed", "")
     rows = [head]
     for r in results:
         rows.append((f"{r['level']:g}", f"{r['achieved_concurrency']:.2f}", f"{r['request_throughput']:.2f}",

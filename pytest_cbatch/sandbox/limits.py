@@ -36,11 +36,12 @@ class Limits:
     reply_mb: int = 64
     max_failures: int = 3
     submission_seconds: float = 900.0
+    names: tuple[tuple[str, str], ...] = ()  # (field, the front end's option for it): how messages name a limit
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], where: str = "limits") -> "Limits":
         """Limits from a mapping of field names (e.g. a rubric's ``[limits]`` table); ValueError names a bad key."""
-        known = {f.name: f.type for f in fields(cls)}
+        known = {f.name: f.type for f in fields(cls) if f.name != "names"}
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
@@ -58,6 +59,10 @@ class Limits:
             "RLIMIT_FSIZE": [self.file_mb * _MIB] * 2,
             "RLIMIT_CORE": [0, 0],
         }
+
+    def term(self, key: str) -> str:
+        """How a message names limit ``key``: the option the user set it with (``names``), else the rubric term."""
+        return dict(self.names).get(key) or f"limit {key}"
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -230,7 +230,8 @@ class Sandbox:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SandboxFailure("timeout", f"the {self.label} did not answer within "
-                                                    f"{self.limits.call_seconds:g} s (limit call_seconds)"
+                                                    f"{self.limits.call_seconds:g} s "
+                                                    f"({self.limits.term('call_seconds')})"
                                          + self._output.tail_note())
                 for key, _ in sel.select(left):
                     if key.data == "write":

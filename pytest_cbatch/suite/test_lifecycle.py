@@ -25,7 +25,7 @@ def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) 
     reason = missing_parts(namespace).get(part)
     if reason is not None:
         pytest.skip(f"lifecycle {part}: {reason}")
-    verdicts = lifecycle_verdicts(part, namespace)
+    verdicts = lifecycle_verdicts(part, namespace, bounds=cbatch_impl.bounds)
     failed = {cid: verdict for cid, verdict in verdicts.items() if verdict.status != "pass"}
     if not failed:
         return
