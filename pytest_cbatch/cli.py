@@ -60,7 +60,43 @@ def _check_parser() -> argparse.ArgumentParser:
                             help=f"default {DEFAULT_CONFIG[name]} (with --report: the report's own config)")
     parser.add_argument("--policy", choices=["continuous", "serial"], help="default continuous")
     parser.add_argument("--admission", choices=["reserve", "optimistic"], help="default reserve")
+    parser.add_argument("--config-json", metavar="JSON", help="settings as a JSON object, over the flags, passed "
+                        "as they are (with --clause invalid_input_refused: an invalid config to be refused)")
     return parser
+
+
+def _raw_trace(path: str) -> list[Any]:
+    """The JSONL lines of ``path`` as they are, unvalidated: the input of an invalid_input_refused replay."""
+    with open(path, encoding="utf-8") as fh:
+        lines = [line for line in fh if line.strip()]
+    try:
+        return [json.loads(line) for line in lines]
+    except ValueError as exc:
+        raise ValueError(f"{path}: not JSON lines: {exc}") from None
+
+
+def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) -> int:
+    """Replay of clause invalid_input_refused: the implementation must refuse this (invalid) input."""
+    from .reference.scheduler_sim import demo_trace
+    from .explain import stack_lines
+    from .runner import Judge
+
+    trace = _raw_trace(args.trace) if args.trace else demo_trace()
+    print(f"trace: {args.trace or 'the built-in demo trace'} ({len(trace)} lines, not validated: "
+          f"invalid input is the point)")
+    result = Judge(impl).judge_refusal(trace, config)
+    for v in result.violations:
+        print(v)
+    for line in stack_lines(result.stack, result.stopped):
+        print(line)
+    if result.status == "skip":
+        print(f"skip  invalid_input_refused: {result.reason}")
+        return 0
+    if result.status == "fail":
+        print("FAILED: 1 of 1 clauses violated: invalid_input_refused")
+        return 1
+    print(f"OK: the invalid input was refused ({result.reason})")
+    return 0
 
 
 def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any]]) -> str | None:
@@ -82,7 +118,6 @@ def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any
 
 
 def _check(argv: list[str]) -> int:
-    from .bounded import Bounds
     from .contract import CLAUSES, check_report, clause_ids, unobservable
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
@@ -97,9 +132,27 @@ def _check(argv: list[str]) -> int:
         print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids())}", file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in (*BASE_CONFIG, "admission") if getattr(args, k) is not None}
+    if args.config_json:
+        try:
+            extra = json.loads(args.config_json)
+        except ValueError as exc:
+            print(f"error: --config-json: not JSON: {exc}", file=sys.stderr)
+            return 2
+        if not isinstance(extra, dict):
+            print("error: --config-json: a JSON object of settings, e.g. '{\"capacity\": 0}'", file=sys.stderr)
+            return 2
+        given.update(extra)
+    if wanted and "invalid_input_refused" in wanted and (len(set(wanted)) > 1 or args.report):
+        print("error: --clause invalid_input_refused is checked alone, with --impl (its input is invalid on "
+              "purpose)", file=sys.stderr)
+        return 2
     skipped: dict[str, list[str]] = {}
     stack, stopped = "", False
     try:
+        if wanted and "invalid_input_refused" in wanted:
+            return _check_refusal(args, resolve_impl(args.impl, bounds=_check_bounds(args, argv),
+                                                     tick_seconds=args.tick_seconds, option="--impl"),
+                                  {**BASE_CONFIG, **given})
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
         trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
             f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
@@ -128,11 +181,8 @@ def _check(argv: list[str]) -> int:
                 else:
                     checked.append(cid)
         else:
-            left = frozenset(field for flag, field in (("--timeout", "seconds"), ("--memory", "memory_mib"))
-                             if not any(a == flag or a.startswith(flag + "=") for a in argv))
-            bounds = Bounds(seconds=args.timeout, memory_mib=args.memory, time_option="--timeout",
-                            memory_option="--memory", defaults=left)
-            impl = resolve_impl(args.impl, bounds=bounds, tick_seconds=args.tick_seconds, option="--impl")
+            impl = resolve_impl(args.impl, bounds=_check_bounds(args, argv), tick_seconds=args.tick_seconds,
+                                option="--impl")
             print(f"trace: {trace_name}")
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)
@@ -168,6 +218,16 @@ def _check(argv: list[str]) -> int:
         return 1
     print(f"OK: all {len(checked)} clauses hold")
     return 0
+
+
+def _check_bounds(args: argparse.Namespace, argv: Sequence[str]) -> Any:
+    """The limits of ``cbatch check``'s runs; those the user left at their default may be the module's own."""
+    from .bounded import Bounds
+
+    left = frozenset(field for flag, field in (("--timeout", "seconds"), ("--memory", "memory_mib"))
+                     if not any(a == flag or a.startswith(flag + "=") for a in argv))
+    return Bounds(seconds=args.timeout, memory_mib=args.memory, time_option="--timeout", memory_option="--memory",
+                  defaults=left)
 
 
 def _few(names: Sequence[str], n: int = 3) -> str:

@@ -30,8 +30,11 @@ def trace_jsonl(trace: Sequence[Mapping[str, Any]]) -> str:
 def replay_command(spec: str, trace_path: str, config: Mapping[str, Any], clause: str | None = None) -> str:
     """The ``cbatch check`` command line that reruns this trace and config."""
     argv = ["cbatch", "check", "--impl", spec, "--trace", trace_path]
-    for key, value in config.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+    if clause == "invalid_input_refused":  # the settings may be invalid on purpose: pass them as they are
+        argv += ["--config-json", json.dumps(dict(config), separators=(",", ":"))]
+    else:
+        for key, value in config.items():
+            argv += [f"--{key.replace('_', '-')}", str(value)]
     if clause:
         argv += ["--clause", clause]
     return " ".join(shlex.quote(a) for a in argv)

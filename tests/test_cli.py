@@ -120,3 +120,28 @@ def test_console_script_check_reference() -> None:
     proc = subprocess.run([exe, "check", "--impl", "reference"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
+
+
+@pytest.mark.parametrize("case", ["negative_output", "bool_block_size", "unknown_policy"])
+def test_an_invalid_input_replay_runs_the_invalid_input(capsys, tmp_path, case) -> None:
+    """The replay line of an invalid_input_refused failure reruns that very input, invalid settings included."""
+    import shlex
+
+    from pytest_cbatch.explain import replay_command
+    from pytest_cbatch.workloads import BASE_CONFIG, INVALID_INPUTS
+
+    trace, overrides = INVALID_INPUTS[case]
+    path = write_jsonl(tmp_path / "t.jsonl", trace)
+    lenient = "pytest_cbatch.examples.broken_schedulers:accepts_invalid"
+    argv = shlex.split(replay_command(lenient, path, {**BASE_CONFIG, **overrides}, "invalid_input_refused"))[1:]
+    code, out, err = cbatch(capsys, *argv)
+    assert code == 1 and "invalid input accepted" in out, out + err
+    argv[argv.index("--impl") + 1] = "reference"
+    code, out, err = cbatch(capsys, *argv)
+    assert code == 0 and "OK: the invalid input was refused" in out, out + err
+
+
+def test_invalid_input_refused_is_checked_alone(capsys) -> None:
+    code, _, err = cbatch(capsys, "check", "--impl", "reference", "--clause", "invalid_input_refused",
+                          "--clause", "completes")
+    assert code == 2 and "checked alone" in err
