@@ -86,6 +86,5 @@ PRESETS: dict[str, ModelConfig] = {
     "narrow-hot": replace(_NARROW, q_gain=32.0),
     # hot, and the keys of one side of the first split-KV partition boundary x1/8: a later partition's max
     # leads the first's by > 100 (late), or the first leads the later ones by > 100 (early).
-    **{f"{name}-hot-{side}": cfg for name, base in (("narrow", _NARROW), ("gpu-small", _GPU_SMALL))
-       for side, cfg in _leads(replace(base, q_gain=32.0)).items()},
+    **{f"narrow-hot-{side}": cfg for side, cfg in _leads(replace(_NARROW, q_gain=32.0)).items()},
 }

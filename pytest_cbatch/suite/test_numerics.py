@@ -14,7 +14,11 @@ model; where the implementation does not support their config, the kit's own
 FCFS schedule of the same trace runs instead (property ``cbatch_schedule``
 says which).  ``large_scores`` runs the ``long`` schedule on the same model
 with queries scaled so attention scores pass the float32 overflow range of a
-naive ``exp``.  ``test_attention_kernels`` checks the attention kernels on
+naive ``exp``; ``later_partition_leads`` / ``first_partition_leads`` run it with
+one split-KV partition's scores leading the others' by more than 100.
+``bounds`` hits every size parameter of the engine at n-1, n and n+1 (pages,
+split-KV partitions, RoPE and block tables, prefill chunk, batch padding) and
+has a step of 10 decode rows beside a prefill.  ``test_attention_kernels`` checks the attention kernels on
 long ragged rows once per run (they do not depend on the implementation).
 A report that fails ``schema_valid`` is not executed: its tests skip and
 point at that clause.  Checks, metrics and tolerances: ``gpu_checks/README.md``
