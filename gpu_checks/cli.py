@@ -47,7 +47,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="PATH", help="write every result, the environment and the timings here "
                                                   "(default: no file)")
     p.add_argument("--quick", action="store_true",
-                   help="smaller workloads, 4 short-workload mutants, no regime kill matrices, 2 timings "
+                   help="smaller workloads, 4 short-workload mutants, no long-context kill matrices and "
+                        "no regime stages (bounds, partition leads, long-preemption page reuse), 2 timings "
                         "(default: off)")
     p.add_argument("--dry-run", action="store_true",
                    help="print the plan and its size estimate (steps, positions, GiB, seconds); run nothing "

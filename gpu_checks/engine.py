@@ -32,7 +32,7 @@ from .sizes import BLOCK_TABLE_PAGES, DECODE_GRAPH_ROWS, PAD_TO, ROPE_TABLE_POSI
 from .streams import Records, Streams
 
 __all__ = ["BUGS", "BUG_REGIMES", "NUMERICS", "EngineConfig", "ScheduleError", "run_schedule", "peak_pages",
-           "paged_forward", "ROPE_TABLE_POSITIONS", "BLOCK_TABLE_PAGES"]
+           "paged_forward", "ROPE_TABLE_POSITIONS", "BLOCK_TABLE_PAGES", "DECODE_GRAPH_ROWS"]
 
 NUMERICS = ("default", "batch_invariant", "batch_variant")
 SPLITK_BELOW = 8  # batch_variant: steps with fewer real tokens use split-K linears
