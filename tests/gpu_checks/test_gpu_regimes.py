@@ -164,3 +164,12 @@ def test_every_profile_kills_every_bug_where_its_regime_is() -> None:
     for profile in PROFILES.values():
         killed = {b for s in profile.stages if s.kind == "kill" for b in s.bugs}
         assert killed == set(BUG_REGIMES), profile.name
+
+
+def test_no_float32_stage_runs_a_deep_hot_preset() -> None:
+    """gpu-small's float32 run is chaotic at scores near 170 (batched vs alone KL ~1e-4 with no bug), so the
+    float32 bound of 1e-6 would fail a correct engine there; its hot stages run in bfloat16 only."""
+    for profile in PROFILES.values():
+        for stage in profile.stages:
+            if stage.preset.startswith("gpu-small-hot"):
+                assert stage.runs_in(profile.dtypes) == ("bfloat16",), stage
