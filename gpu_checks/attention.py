@@ -14,12 +14,23 @@ import torch
 
 from .checks import LARGE_SCORE_MIN, TOLERANCES, CheckResult
 from .model import DTYPES, PRESETS
+from .oracle import partition_leads
 from .paged import Metadata, RowSpec, build_metadata, paged_attention
+from .presets import LEAD_KEY_GAIN
+from .sizes import SPLIT_KV_PARTITION
 
-__all__ = ["ATTENTION_CASES", "LARGE_SCORE_GAIN", "run_attention_parity"]
+__all__ = ["ATTENTION_CASES", "LARGE_SCORE_GAIN", "MAGNITUDES", "run_attention_parity"]
 
 LARGE_SCORE_GAIN = 32.0
 """Query scale of ``attention_large_scores``: unit-variance q and k then give peak scores ~170."""
+
+MAGNITUDES: dict[str, tuple[float, float]] = {
+    "uniform": (1.0, 1.0),
+    "later_leads": (LEAD_KEY_GAIN, 1.0),
+    "first_leads": (1.0, LEAD_KEY_GAIN),
+}
+"""Key gains ``(first split-KV partition, later keys)`` of the large-score batch: ``later_leads``
+makes a later partition's max score lead the first's by > 100, ``first_leads`` the reverse."""
 
 # (query_len, kv_len) rows of one ragged batch, after vLLM's paged-attention kernel tests
 ATTENTION_CASES: tuple[tuple[int, int], ...] = ((1, 1328), (5, 18), (129, 463), (1, 523), (1, 37), (1, 2011))
@@ -39,7 +50,7 @@ def _ragged_batch(cases: Sequence[tuple[int, int]], bs: int, gen: torch.Generato
 
 def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny", seed: int = 0,
                          cases: Sequence[tuple[int, int]] = ATTENTION_CASES, q_gain: float = 1.0,
-                         kernel: Mapping[str, str] | None = None) -> CheckResult:
+                         magnitude: str = "uniform", kernel: Mapping[str, str] | None = None) -> CheckResult:
     """The engine's attention (``"sdpa"`` backend: SDPA for prefill rows, split-KV for decode rows)
     on one ragged batch of ``cases`` (GQA shapes of ``preset``) on randomly placed pages.
 
@@ -48,12 +59,18 @@ def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny
     * ``q_gain > 1`` (queries scaled up): ``attention_large_scores``, both
       backends against the loop reference in float64 on the same (rounded)
       inputs; finite and within ``attn_large_atol``, and the largest attended
-      score must reach ``LARGE_SCORE_MIN``.
+      score must reach ``LARGE_SCORE_MIN``.  ``magnitude`` (``MAGNITUDES``) scales
+      the keys of the first split-KV partition or the later ones: with
+      ``later_leads`` a later partition's max score must lead the first's by
+      ``LARGE_SCORE_MIN`` in some decode row and head, with ``first_leads`` the
+      first must lead the newest key's partition by as much.
 
-    ``kernel`` passes fault options (``merge``, ``softmax``) to the engine's
-    backend, to show the check catches them.
+    ``kernel`` passes fault options (``merge``, ``softmax``, ``count``) to the
+    engine's backend, to show the check catches them.
     """
     t0 = time.perf_counter()
+    if magnitude not in MAGNITUDES:
+        raise ValueError(f"magnitude must be one of {sorted(MAGNITUDES)}, got {magnitude!r}")
     cfg, tol = PRESETS[preset], TOLERANCES[dtype]
     torch_dtype, bs = DTYPES[dtype], cfg.block_size
     gen = torch.Generator().manual_seed(seed)
@@ -65,6 +82,8 @@ def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny
     q = rand(meta.num_actual_tokens, cfg.n_heads, cfg.head_dim) * q_gain
     k_cache = rand(1 + n_pages, bs, cfg.n_kv_heads, cfg.head_dim)
     v_cache = rand(1 + n_pages, bs, cfg.n_kv_heads, cfg.head_dim)
+    if magnitude != "uniform":
+        k_cache = k_cache * _key_gains(meta, 1 + n_pages, MAGNITUDES[magnitude]).to(k_cache)
     large = q_gain != 1.0
     outs = {"sdpa": paged_attention(q, k_cache, v_cache, meta, backend="sdpa", **(kernel or {})).double()}
     details: dict[str, Any] = {"cases": [list(c) for c in cases]}
@@ -73,7 +92,8 @@ def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny
         outs["loop"] = paged_attention(q, k_cache, v_cache, meta, backend="loop").double()
         bound = torch.full_like(ref, tol.attn_large_atol)
         tolerance = f"|d_fp64|<={tol.attn_large_atol:g} finite peak_score>={LARGE_SCORE_MIN:g}"
-        details["peak_score"] = _peak_score(q.double(), k_cache.double(), meta)
+        details["peak_score"], leads = _peak_score(q.double(), k_cache.double(), meta)
+        details["later_lead"], details["first_lead"] = leads
     else:
         ref = paged_attention(q, k_cache, v_cache, meta, backend="loop").double()
         bound = tol.attn_atol + tol.attn_rtol * ref.abs()
@@ -91,20 +111,41 @@ def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny
             failures.append(f"{backend}: {int((~(diff <= bound)).sum())} elements outside tolerance")
     if large and not details["peak_score"] >= LARGE_SCORE_MIN:
         failures.append(f"scores peak at {details['peak_score']:.1f} < {LARGE_SCORE_MIN:g}: raise q_gain")
+    side = {"later_leads": "later_lead", "first_leads": "first_lead"}.get(magnitude)
+    if side:
+        tolerance += f" {side}>={LARGE_SCORE_MIN:g}"
+        if not details.get(side, float("-inf")) >= LARGE_SCORE_MIN:
+            failures.append(f"{side} {details.get(side, float('-inf')):.1f} < {LARGE_SCORE_MIN:g}: the partitions' "
+                            "maxima are too close (needs q_gain and decode rows past 512 keys)")
     return CheckResult(
         name="attention_large_scores" if large else "attention_parity", dtype=dtype, device=device,
-        workload="ragged", passed=not failures, mode="tolerance",
+        workload="ragged" if magnitude == "uniform" else f"ragged-{magnitude}", passed=not failures,
+        mode="tolerance",
         metric=f"|d|={worst:.1e} nonfinite={nonfinite_total} n={ref.numel()}"
-               + (f" peak={details['peak_score']:.0f}" if large else ""),
+               + (f" peak={details['peak_score']:.0f}" if large else "")
+               + (f" lead={details[side]:.0f}" if side and large else ""),
         tolerance=tolerance, seconds=time.perf_counter() - t0, failures=failures, details=details,
     )
 
 
-def _peak_score(q: torch.Tensor, k_cache: torch.Tensor, meta: Metadata) -> float:
-    """Largest attended score of the batch (each row's keys through its block table)."""
+def _key_gains(meta: Metadata, num_pages: int, gains: tuple[float, float]) -> torch.Tensor:
+    """``[num_pages, bs, 1, 1]`` gain of every cache slot: ``gains[0]`` where the slot holds one of its
+    row's first ``SPLIT_KV_PARTITION`` keys, ``gains[1]`` past them."""
+    bs = meta.block_size
+    out = torch.full((num_pages, bs), gains[1], dtype=torch.float64)
+    for i, kl in enumerate(meta.seq_lens.tolist()):
+        pages = meta.block_table[i, : -(-min(kl, SPLIT_KV_PARTITION) // bs)].long().cpu()
+        out[pages] = gains[0]   # 512 is a multiple of the page size: whole pages
+    return out[:, :, None, None]
+
+
+def _peak_score(q: torch.Tensor, k_cache: torch.Tensor, meta: Metadata) -> tuple[float, tuple[float, float]]:
+    """Largest attended score of the batch (each row's keys through its block table), and the
+    largest :func:`~.oracle.partition_leads` of its one-query rows ``(later over first, first over last)``."""
     bs, kv_heads, hd = k_cache.shape[1:]
     group = q.shape[1] // kv_heads
     peak = float("-inf")
+    leads = torch.full((2,), float("-inf"), dtype=torch.float64)
     for i, (qs, qe, kl) in enumerate(zip(meta.query_start_loc.tolist(), meta.query_start_loc[1:].tolist(),
                                          meta.seq_lens.tolist())):
         k = k_cache[meta.block_table[i, : -(-kl // bs)].long()].reshape(-1, kv_heads, hd)[:kl]
@@ -112,4 +153,6 @@ def _peak_score(q: torch.Tensor, k_cache: torch.Tensor, meta: Metadata) -> float
         s.masked_fill_(torch.ones(qe - qs, kl, dtype=torch.bool, device=q.device).triu(kl - (qe - qs) + 1),
                        float("-inf"))
         peak = max(peak, float(s.max()))
-    return peak
+        if qe - qs == 1:
+            leads = torch.maximum(leads, partition_leads(s, kl - 1)[0].cpu())
+    return peak, (float(leads[0]), float(leads[1]))

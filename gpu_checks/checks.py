@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
-from .engine import BUGS, EngineConfig, run_schedule
+from .engine import BUGS, EngineConfig, ScheduleError, run_schedule
 from .metrics import Metrics, compare
 from .model import DTYPES, PRESETS, Model
 from .oracle import dense_records
@@ -35,7 +35,8 @@ from .schedules import alone_schedule
 from .streams import Records, Streams
 
 __all__ = [
-    "Tolerance", "TOLERANCES", "CheckResult", "SCHEDULE_CHECKS", "KILL_CHECKS", "LARGE_SCORE_MIN", "get_model",
+    "Tolerance", "TOLERANCES", "CheckResult", "SCHEDULE_CHECKS", "KILL_CHECKS", "LEAD_CHECKS", "LARGE_SCORE_MIN",
+    "get_model",
     "run_schedule_checks", "run_preemption_check", "run_invariance_checks", "mutant_kill_matrix",
 ]
 
@@ -209,16 +210,30 @@ class _Session:
 
     @functools.cached_property
     def dense(self) -> Records:
+        if self.dtype == "float64":   # the same computation as the float64 oracle: run it once
+            return self.dense_hi
         return dense_records(self.model, self.streams, self.requests)
 
     @functools.cached_property
     def dense_hi(self) -> Records:
         hi = get_model(self.preset, self.seed, "float64", self.device)
-        return dense_records(hi, self.streams, self.requests, peak=self.peaks)
+        return dense_records(hi, self.streams, self.requests, peak=self.peaks, leads=self.leads)
 
     @functools.cached_property
     def peaks(self) -> list[float]:
         return []
+
+    @functools.cached_property
+    def leads(self) -> dict[str, Any]:
+        return {}
+
+    def decode_lead(self, run: Records, side: int) -> float:
+        """Largest split-KV partition lead (``side`` 0: a later partition over the first; 1: the
+        first over the newest key's) at the decode positions of ``run``, from the float64 oracle."""
+        _ = self.dense_hi
+        values = [float(self.leads[r][p, side]) for r, p, ph in zip(run.request, run.position, run.phase)
+                  if ph == "decode" and r in self.leads]
+        return max(values, default=float("-inf"))
 
     @property
     def peak_score(self) -> float:
@@ -232,6 +247,12 @@ class _Session:
         return CheckResult(name=name, dtype=self.dtype, device=self.device, workload=self.workload,
                            passed=not failures, mode=mode, metric=_metric_text(m), tolerance=tolerance,
                            metrics=m, failures=failures, details=details)
+
+    def error(self, name: str, exc: Exception) -> CheckResult:
+        """A failed result for a check that raised (the other checks of the stage still report)."""
+        text = f"error: {type(exc).__name__}: {exc}"[:300]
+        return CheckResult(name=name, dtype=self.dtype, device=self.device, workload=self.workload,
+                           passed=False, mode="tolerance", metric=text, tolerance="-", failures=[text])
 
     def skip(self, name: str, reason: str) -> CheckResult:
         return CheckResult(name=name, dtype=self.dtype, device=self.device, workload=self.workload,
@@ -300,22 +321,36 @@ def _determinism(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
     return s.result("determinism", m, _bitwise_failures(m), mode="bitwise")
 
 
-def _large_scores(s: _Session, bugs: frozenset = frozenset()) -> CheckResult:
+def _large_scores(s: _Session, bugs: frozenset = frozenset(), *, name: str = "large_scores",
+                  lead: int | None = None) -> CheckResult:
     """The schedule on a model whose scores pass the overflow range of a naive exp (a ``q_gain``
     preset): finite, within tolerance of the dense run in its dtype, and no further from the
     float64 oracle than ratio x the dense run's own error + floor (any dtype: at scores ~200 the
-    float32 model itself is ~1e-3 from float64, so the raw float32 bound cannot apply)."""
+    float32 model itself is ~1e-3 from float64, so the raw float32 bound cannot apply).
+
+    ``lead`` (0: a later split-KV partition leads the first; 1: the first leads the newest key's)
+    also requires that lead to reach ``LARGE_SCORE_MIN`` at some decode of the run (a
+    ``*-hot-late`` / ``*-hot-early`` preset on a workload decoding past 512 keys)."""
     tol = s.tol
     if tol.ratio is None:
         tol = replace(tol, ratio=2.0, floor=tol.max_abs)
-    result = s.vs_oracle("large_scores", s.run(bugs=bugs), tol=tol)
+    run = s.run(bugs=bugs)
+    result = s.vs_oracle(name, run, tol=tol)
     peak = s.peak_score
     result.details["peak_score"] = peak
     if not peak >= LARGE_SCORE_MIN:
         result.failures.append(f"attention scores peak at {peak:.1f} < {LARGE_SCORE_MIN:g}: the workload does not "
                                f"reach the overflow range of a naive exp (use a q_gain preset such as narrow-hot)")
-        result.passed = False
     result.tolerance += f" peak_score>={LARGE_SCORE_MIN:g}"
+    if lead is not None:
+        value = s.decode_lead(run, lead)
+        what = ("a later partition's max over the first's", "the first partition's max over the newest key's")[lead]
+        result.details["partition_lead"] = value
+        result.tolerance += f" lead>={LARGE_SCORE_MIN:g}"
+        if not value >= LARGE_SCORE_MIN:
+            result.failures.append(f"at the decodes, {what} leads by at most {value:.1f} < {LARGE_SCORE_MIN:g} "
+                                   f"(use a *-hot-{('late', 'early')[lead]} preset on a workload past 512 keys)")
+    result.passed = not result.failures
     return result
 
 
@@ -331,12 +366,22 @@ _SCHEDULE_CHECKS: dict[str, CheckFn] = {
 SCHEDULE_CHECKS: tuple[str, ...] = tuple(_SCHEDULE_CHECKS)
 """The default checks of one schedule; ``large_scores`` is selected explicitly with a q_gain preset."""
 _SCHEDULE_CHECKS["large_scores"] = _large_scores
+_SCHEDULE_CHECKS["later_partition_leads"] = functools.partial(_large_scores, name="later_partition_leads", lead=0)
+_SCHEDULE_CHECKS["first_partition_leads"] = functools.partial(_large_scores, name="first_partition_leads", lead=1)
 KILL_CHECKS = ("batched_vs_alone", "page_reuse")
+LEAD_CHECKS = {"later_partition_leads": "late", "first_partition_leads": "early"}
+"""Checks that need a ``<hot preset>-<side>`` twin, by the side they need."""
 
 
-def _timed(fn: Callable[[], CheckResult]) -> CheckResult:
+def _timed(s: _Session, name: str, fn: Callable[[], CheckResult]) -> CheckResult:
+    """``fn()`` timed; a check that raises (other than on an unexecutable report) fails alone."""
     t0 = time.perf_counter()
-    result = fn()
+    try:
+        result = fn()
+    except ScheduleError:
+        raise
+    except Exception as exc:  # e.g. a non-finite reference: this check fails, its stage's others still report
+        result = s.error(name, exc)
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -351,14 +396,17 @@ def run_schedule_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str,
     ``block_size``, else the report's ``config.block_size``, else the
     preset's.  Raises :class:`~.engine.ScheduleError` when the report cannot
     be executed.  Results come back in the order of ``checks``, which may
-    also name ``large_scores`` (meaningful with a ``q_gain`` preset).
+    also name ``large_scores`` (meaningful with a ``q_gain`` preset) and
+    ``later_partition_leads`` / ``first_partition_leads`` (with a
+    ``*-hot-late`` / ``*-hot-early`` preset).  A check that raises (say, on a
+    non-finite reference) comes back failed with the error; the others still run.
     """
     s = _Session(trace, report, dtype=dtype, device=device, preset=preset, seed=seed,
                  block_size=block_size, workload=workload)
     unknown = set(checks) - set(_SCHEDULE_CHECKS)
     if unknown:
         raise ValueError(f"unknown checks {sorted(unknown)}; known: {tuple(_SCHEDULE_CHECKS)}")
-    return [_timed(functools.partial(_SCHEDULE_CHECKS[name], s)) for name in checks]
+    return [_timed(s, name, functools.partial(_SCHEDULE_CHECKS[name], s)) for name in checks]
 
 
 def run_preemption_check(trace: Iterable[Mapping[str, Any]], preempted: Mapping[str, Any],
@@ -375,14 +423,15 @@ def run_preemption_check(trace: Iterable[Mapping[str, Any]], preempted: Mapping[
     n = sum(1 for e in s.events if e.get("event") == "preempted")
     if not n:
         return s.skip("preemption_vs_none", "the schedule never preempts")
-    t0 = time.perf_counter()
     ref = _Session(trace, baseline, dtype=dtype, device=device, preset=preset, seed=seed,
                    block_size=s.block_size, workload=workload)
-    run = s.run()
-    result = s.tolerance("preemption_vs_none", run, ref.run(), preemptions=n,
-                         recomputed=sum(1 for p in run.phase if p.startswith("recompute")))
-    result.seconds = time.perf_counter() - t0
-    return result
+
+    def check() -> CheckResult:
+        run = s.run()
+        return s.tolerance("preemption_vs_none", run, ref.run(), preemptions=n,
+                           recomputed=sum(1 for p in run.phase if p.startswith("recompute")))
+
+    return _timed(s, "preemption_vs_none", check)
 
 
 def run_invariance_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
@@ -416,7 +465,7 @@ def run_invariance_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[st
         result.tolerance = f"bitwise must fail; {s.tol.describe(False)}"
         return result
 
-    return [_timed(invariance), _timed(negative_control)]
+    return [_timed(s, "batch_invariance", invariance), _timed(s, "negative_control", negative_control)]
 
 
 def mutant_kill_matrix(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *,
@@ -433,7 +482,7 @@ def mutant_kill_matrix(trace: Iterable[Mapping[str, Any]], report: Mapping[str, 
     s = _Session(trace, report, dtype=dtype, device=device, preset=preset, seed=seed,
                  block_size=block_size, workload=workload)
     t0 = time.perf_counter()
-    clean = [_SCHEDULE_CHECKS[name](s) for name in checks]
+    clean = [_timed(s, name, functools.partial(_SCHEDULE_CHECKS[name], s)) for name in checks]
     worst = max(clean, key=lambda r: r.metrics.max_kl if r.metrics else 0.0)
     results = [CheckResult(name="clean", dtype=dtype, device=device, workload=workload,
                            passed=all(r.passed for r in clean), mode="tolerance", metric=worst.metric,

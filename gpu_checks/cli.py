@@ -30,36 +30,59 @@ _DTYPES = ("float64", "float32", "bfloat16")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description="Batched-vs-alone logits checks on a seeded transformer.")
+    """The command's options (``prog``: ``python -m gpu_checks`` or ``cbatch gpu``)."""
+    p = argparse.ArgumentParser(
+        prog=prog, description="Batched-vs-alone logits checks on a seeded transformer with a paged KV cache: "
+                               "attention kernels, the schedule checks on short, long-context and boundary "
+                               "workloads, preemption, batch invariance, the mutant kill matrix, decode timings.",
+        epilog="Exit status: 0 every check passed, 1 a check failed or was not run, 2 bad usage or no torch. "
+               "Needs torch, except for --help and --dry-run.")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: cuda when available, else cpu")
+                   help="where to run (default: auto = cuda when torch sees a CUDA device, else cpu)")
     p.add_argument("--dtype", action="append", choices=_DTYPES,
-                   help="repeatable; default: the profile's (gpu: bfloat16+float32, cpu: float64+float32; "
-                        "bfloat16 on cpu runs as float32)")
+                   help="dtype to check, repeatable (default: the profile's: bfloat16 + float32 for gpu, "
+                        "float64 + float32 for cpu; bfloat16 on cpu runs as float32)")
     p.add_argument("--profile", choices=("cpu", "gpu"),
-                   help="what to run and at which sizes; default gpu on cuda, cpu otherwise")
-    p.add_argument("--json", metavar="PATH", help="write the full results here")
-    p.add_argument("--quick", action="store_true", help="smaller workloads, 4 short-workload mutants, fewer timings")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and its size estimate; run nothing")
+                   help="what to run and at which sizes (default: gpu on cuda, cpu otherwise)")
+    p.add_argument("--json", metavar="PATH", help="write every result, the environment and the timings here "
+                                                  "(default: no file)")
+    p.add_argument("--quick", action="store_true",
+                   help="smaller workloads, 4 short-workload mutants, no long-context kill matrices and "
+                        "no regime stages (bounds, partition leads, long-preemption page reuse), 2 timings "
+                        "(default: off)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan and its size estimate (steps, positions, GiB, seconds); run nothing "
+                        "(default: off; works without torch)")
     p.add_argument("--budget", type=float, metavar="SECONDS",
-                   help="start no stage after this many seconds (default: the profile's budget)")
-    p.add_argument("--seed", type=int, default=0)
+                   help="start no stage after this many seconds of wall time, keeping the timings' reserve "
+                        "(default: the profile's, 360 s for gpu, 600 s for cpu)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and token streams (default: 0)")
     p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads for torch (default 1: the tiny model is latency-bound)")
+                   help="CPU threads for torch on cpu (default: 1; the small models are latency-bound)")
     return p
+
+
+def _torch_cuda() -> bool | None:
+    """Whether torch sees a CUDA device; None when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    return bool(torch.cuda.is_available())
 
 
 def _resolve(args: argparse.Namespace, profile_dtypes: Callable[[str], Sequence[str]]) -> tuple[str, list[str],
                                                                                              list[str]]:
     """(device, dtypes, notes); ``profile_dtypes(device)`` gives the default dtypes on ``device``."""
-    import torch
-
+    cuda = _torch_cuda()
+    notes = []
     device = args.device
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available() and not args.dry_run:
+        device = "cuda" if cuda else "cpu"
+        if cuda is None:
+            notes.append("torch is not installed: --device auto plans for cpu")
+    if device == "cuda" and not cuda and not args.dry_run:
         raise SystemExit("error: --device cuda but torch sees no CUDA device")
-    notes = []
     dtypes = list(dict.fromkeys(args.dtype or profile_dtypes(device)))
     if device == "cpu" and "bfloat16" in dtypes and not args.dry_run:
         notes.append("bfloat16 asked on CPU: running float32 instead (bf16 parity is a GPU measurement)")
@@ -86,7 +109,8 @@ def _stage_call(stage: Any, built: Any, common: dict[str, Any]) -> tuple[str, Ca
 
     if stage.kind == "attention":
         name = "attention_large_scores" if stage.q_gain != 1.0 else "attention_parity"
-        return name, lambda: run_attention_parity(preset=stage.preset, q_gain=stage.q_gain, **common)
+        return name, lambda: run_attention_parity(preset=stage.preset, q_gain=stage.q_gain,
+                                                  magnitude=stage.magnitude, **common)
     trace, report, baseline, bs = built.workloads[stage.workload]
     kw = {**common, "preset": stage.preset, "block_size": bs, "workload": stage.workload}
     if stage.kind == "schedule":
@@ -184,14 +208,8 @@ def _dry_run(built: Any, dtypes: Sequence[str]) -> int:
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``python -m gpu_checks`` and ``cbatch gpu``; returns the exit status."""
     args = build_parser(prog).parse_args(argv)
-    try:
-        import torch
-    except ImportError:
-        print("error: gpu_checks need torch: pip install 'pytest-cbatch[gpu]'", file=sys.stderr)
-        return 2
     from .profiles import PROFILES, build
 
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the bitwise checks
     start = time.perf_counter()
 
     def profile_of(device: str) -> Any:
@@ -201,7 +219,15 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     profile = profile_of(device)
     built = build(profile, quick=args.quick)
     if args.dry_run:
+        for note in notes:
+            print(f"note: {note}")
         return _dry_run(built, dtypes)
+    try:
+        import torch
+    except ImportError:
+        print("error: gpu_checks need torch: pip install 'pytest-cbatch[gpu]'", file=sys.stderr)
+        return 2
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS for the bitwise checks
     end = start + (args.budget if args.budget is not None else profile.budget_s)
     checks_deadline = end - profile.checks_reserve_s()
     if device == "cpu":

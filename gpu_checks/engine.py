@@ -13,7 +13,7 @@ a shuffled free list with page 0 reserved as the null page, every free page
 poisoned with a large finite value, and an ``"ample"`` (2x the peak) or
 ``"tight"`` (exactly the peak, so freed pages are reused at once) pool.
 
-``BUGS`` names the injectable faults; pass a subset as
+``BUGS`` (from :mod:`.bugs`) names the injectable faults; pass a subset as
 ``EngineConfig(bugs=...)`` to check that the checks catch them.
 """
 
@@ -25,50 +25,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 
+from .bugs import BUG_REGIMES, BUGS
 from .model import Model, apply_rope
 from .paged import BACKENDS, BlockAllocator, KVCache, Metadata, PagedAttention, RowSpec, build_metadata
+from .sizes import BLOCK_TABLE_PAGES, DECODE_GRAPH_ROWS, PAD_TO, ROPE_TABLE_POSITIONS
 from .streams import Records, Streams
 
-ROPE_TABLE_POSITIONS = 1024   # rope_table_capped: a table sized for max_position_embeddings = 1024
-BLOCK_TABLE_PAGES = 64        # block_table_truncated: 1,024 tokens at 16-token pages
-
 __all__ = ["BUGS", "BUG_REGIMES", "NUMERICS", "EngineConfig", "ScheduleError", "run_schedule", "peak_pages",
-           "paged_forward", "ROPE_TABLE_POSITIONS", "BLOCK_TABLE_PAGES"]
-
-BUGS: dict[str, str] = {
-    "cross_row_leak": "query_start_loc boundaries one token early: each row's first query is the previous "
-                      "request's last token, attending the wrong request's KV",
-    "positions_restart": "positions restart at 0 in every chunk (arange(q_len), not num_computed + arange)",
-    "rope_k_offset": "keys rotated at position - 1 while queries use the position (RoPE offset on K)",
-    "decode_position_off_by_one": "decode tokens get position - 1 (RoPE input only)",
-    "slot_mapping_off_by_one": "every token writes its KV one slot further than it reads it",
-    "seq_lens_exclude_chunk": "seq_lens = num_computed: the step's own tokens are not attended",
-    "wrong_block_table_row": "row i reads row i-1's block table (row/request mix-up)",
-    "top_left_mask": "causal mask aligned top-left instead of bottom-right",
-    "read_past_end": "seq_lens one too long: reads one slot past the last written one (stale or next page)",
-    "stale_block_table": "after a preemption the request keeps its freed page ids and recomputes into them",
-    "attention_before_write": "attention runs before the step's KV is written to the cache",
-    "double_allocation": "every third page allocation hands out a page another live request holds",
-    "split_kv_merge_unscaled": "the split-KV decode kernel sums its 512-key partitions without rescaling them "
-                               "to a common max (only wrong past 512 keys)",
-    "rope_table_capped": f"RoPE reads a cos/sin table of {ROPE_TABLE_POSITIONS} positions: later positions "
-                         "get the last entry's rotation",
-    "block_table_truncated": f"the attention block table holds {BLOCK_TABLE_PAGES} pages per request: later "
-                             "entries stay the null page (writes still land in the right pages)",
-    "softmax_without_max": "the decode kernel takes exp(score) without subtracting the max: overflows to "
-                           "inf/NaN once scores pass ~88.7 in float32/bfloat16",
-}
-
-# Where each bug shows: "short" bugs show on any workload; the others need the
-# long-context workloads (past 512 keys, 1,024 positions, 64 pages) or scores
-# in the float32 overflow range of a naive exp.
-BUG_REGIMES: dict[str, str] = {
-    **{bug: "short" for bug in BUGS},
-    "split_kv_merge_unscaled": "long_context",
-    "rope_table_capped": "long_context",
-    "block_table_truncated": "long_context",
-    "softmax_without_max": "large_scores",
-}
+           "paged_forward", "ROPE_TABLE_POSITIONS", "BLOCK_TABLE_PAGES", "DECODE_GRAPH_ROWS"]
 
 NUMERICS = ("default", "batch_invariant", "batch_variant")
 SPLITK_BELOW = 8  # batch_variant: steps with fewer real tokens use split-K linears
@@ -101,7 +65,7 @@ class EngineConfig:
     backend: str = "sdpa"
     numerics: str = "default"
     row_order: str = "given"
-    pad_to: int = 8
+    pad_to: int = PAD_TO
     poison: float = 100.0
     placement_seed: int = 0
     bugs: frozenset[str] = frozenset()
@@ -143,6 +107,7 @@ class _Ledger:
         self.computed: dict[str, int] = {}
         self.pages: dict[str, list[int]] = {}
         self.chunks: dict[str, int] = {}
+        self.stale: dict[str, list[int]] = {}   # stale_block_table_past_64: freed ids kept past the cleared columns
         self.ended: set[str] = set()
         self.allocations = 0
         self.peak = 0
@@ -167,7 +132,9 @@ class _Ledger:
             seen.add(rid)
             pages = self.pages.setdefault(rid, [])
             while len(pages) * self.bs < start + n:
-                pages.append(self._allocate(rid))
+                stale = self.stale.get(rid, [])
+                column = len(pages) - BLOCK_TABLE_PAGES
+                pages.append(stale[column] if 0 <= column < len(stale) else self._allocate(rid))
             k = self.chunks.get(rid, 0)
             label = phase if phase == "decode" else f"{phase}#{k}"
             rows.append(_Row(rid, phase, start, n, label, tuple(pages)))
@@ -193,11 +160,15 @@ class _Ledger:
         self.chunks[rid] = 0
         if "stale_block_table" in self.bugs:
             self._release(list(self.pages.get(rid, [])))
-        else:
-            self._release(self.pages.pop(rid, []))
+            return
+        pages = self.pages.pop(rid, [])
+        if "stale_block_table_past_64" in self.bugs:
+            self.stale[rid] = pages[BLOCK_TABLE_PAGES:]
+        self._release(pages)
 
     def end(self, rid: str) -> None:
         self.ended.add(rid)
+        self.stale.pop(rid, None)
         self._release(self.pages.pop(rid, []))
 
     def _release(self, pages: list[int]) -> None:
@@ -244,7 +215,8 @@ def peak_pages(streams: Streams, events: Sequence[Mapping[str, Any]], block_size
 
 _METADATA_BUGS = frozenset({"positions_restart", "decode_position_off_by_one", "cross_row_leak",
                             "slot_mapping_off_by_one", "seq_lens_exclude_chunk", "read_past_end",
-                            "wrong_block_table_row", "rope_table_capped", "block_table_truncated"})
+                            "wrong_block_table_row", "rope_table_capped", "block_table_truncated",
+                            "decode_block_table_mod_8"})
 
 
 def _inject(meta: Metadata, rows: Sequence[_Row], bugs: frozenset[str], num_slots: int) -> Metadata:
@@ -284,9 +256,18 @@ def _inject(meta: Metadata, rows: Sequence[_Row], bugs: frozenset[str], num_slot
     if "block_table_truncated" in bugs:
         block_table = block_table.clone()
         block_table[:, BLOCK_TABLE_PAGES:] = 0
+    decode = [i for i, r in enumerate(rows) if r.phase == "decode"]
+    if "decode_block_table_mod_8" in bugs and len(decode) > DECODE_GRAPH_ROWS:
+        block_table = block_table.clone()
+        block_table[decode[DECODE_GRAPH_ROWS:]] = block_table[[decode[k % DECODE_GRAPH_ROWS]
+                                                               for k in range(DECODE_GRAPH_ROWS, len(decode))]]
     changes["seq_lens"] = seq_lens
     changes["block_table"] = block_table
     return replace(meta, **changes)
+
+
+_MERGE_BUGS = {"split_kv_merge_unscaled": "unscaled", "split_kv_merge_first_max": "first_max",
+               "split_kv_merge_last_max": "last_max"}
 
 
 @torch.no_grad()
@@ -298,13 +279,15 @@ def paged_forward(model: Model, cache: KVCache, meta: Metadata, input_ids: torch
     layer writes the step's K/V at ``meta.slot_mapping`` and then runs paged
     attention over the cache; ``bugs`` may hold the attention-level faults
     ``rope_k_offset``, ``top_left_mask``, ``attention_before_write``,
-    ``split_kv_merge_unscaled`` and ``softmax_without_max``.
+    ``split_kv_merge_unscaled``, ``split_kv_merge_first_max``, ``split_kv_merge_last_max``,
+    ``split_kv_drops_single_key`` and ``softmax_without_max``.
     """
     T = meta.num_actual_tokens
     ids = F.pad(input_ids.to(model.device), (0, meta.positions.numel() - T))
+    merge = next((m for bug, m in _MERGE_BUGS.items() if bug in bugs), "rescaled")
     attention = PagedAttention(meta, backend=backend, align="top_left" if "top_left_mask" in bugs else "bottom_right",
-                               merge="unscaled" if "split_kv_merge_unscaled" in bugs else "rescaled",
-                               softmax="naive" if "softmax_without_max" in bugs else "stable")
+                               merge=merge, softmax="naive" if "softmax_without_max" in bugs else "stable",
+                               count="one_short" if "split_kv_drops_single_key" in bugs else "exact")
     late_write = "attention_before_write" in bugs
     k_shift = torch.full_like(meta.positions, -1) if "rope_k_offset" in bugs else None
     written = (meta.slot_mapping >= 0).nonzero().squeeze(1)   # slot -1 (padding) is never written

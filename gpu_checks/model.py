@@ -14,11 +14,12 @@ cast and moved, so CPU and GPU runs hold identical weights (up to the cast).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
+
+from .presets import PRESETS, ModelConfig
 
 __all__ = ["ModelConfig", "PRESETS", "Model", "AttendFn", "apply_rope", "DTYPES"]
 
@@ -30,64 +31,6 @@ DTYPES: dict[str, torch.dtype] = {
 
 AttendFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """``attend(layer, q [T,H,hd], k [T,KV,hd], v [T,KV,hd]) -> [T,H,hd]``; q and k already rotated."""
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shape of the decoder.  ``block_size`` is the default KV page size for engines.
-
-    ``q_gain`` multiplies the query rows of every QKV weight after drawing
-    (the same random numbers, so attention scores scale by exactly ``q_gain``
-    when it is a power of two): it pushes scores into the range where a naive
-    ``exp`` overflows in float32 and bfloat16 (scores above ~88.7).
-    """
-
-    vocab: int
-    d_model: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    ffn_dim: int
-    block_size: int = 16
-    rope_theta: float = 1e4
-    norm_eps: float = 1e-5
-    q_gain: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError("n_heads must be a multiple of n_kv_heads")
-        if self.head_dim % 2:
-            raise ValueError("head_dim must be even for RoPE")
-
-    @property
-    def n_params(self) -> int:
-        """Parameter count (embedding, body, norms and head)."""
-        qkv = (self.n_heads + 2 * self.n_kv_heads) * self.head_dim * self.d_model
-        out = self.n_heads * self.head_dim * self.d_model
-        mlp = 3 * self.d_model * self.ffn_dim
-        body = self.n_layers * (qkv + out + mlp + 2 * self.d_model)
-        return 2 * self.vocab * self.d_model + body + self.d_model
-
-
-PRESETS: dict[str, ModelConfig] = {
-    # CI on CPU (fp64/fp32), ~3.2 M parameters.
-    "tiny": ModelConfig(vocab=512, d_model=256, n_layers=4, n_heads=8, n_kv_heads=2, head_dim=32, ffn_dim=704),
-    # parity on H100/H200 (bf16 + fp32), ~99 M parameters.
-    "gpu-small": ModelConfig(vocab=4096, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, head_dim=64,
-                             ffn_dim=2816),
-    # the same weights with queries x32, for large scores on the GPU.
-    "gpu-small-hot": ModelConfig(vocab=4096, d_model=1024, n_layers=8, n_heads=16, n_kv_heads=4, head_dim=64,
-                                 ffn_dim=2816, q_gain=32.0),
-    # timing only, ~1.1 B parameters (2.2 GB in bf16).
-    "perf-1b": ModelConfig(vocab=32000, d_model=2048, n_layers=16, n_heads=32, n_kv_heads=8, head_dim=64,
-                           ffn_dim=8192),
-    # long contexts on CPU (1,000+ positions, 70+ pages in seconds), ~0.1 M parameters.
-    "narrow": ModelConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn_dim=176),
-    # the same weights with queries x32: attention scores past the float32 overflow range of a naive exp.
-    "narrow-hot": ModelConfig(vocab=256, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
-                              ffn_dim=176, q_gain=32.0),
-}
 
 
 def _rope_tables(positions: torch.Tensor, head_dim: int, theta: float,
@@ -218,11 +161,17 @@ class Model:
         q_width, kv_width = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         h = p["embed"][input_ids]
         cos, sin = _rope_tables(positions, c.head_dim, c.rope_theta, self.dtype)
+        key_gain = None
+        if c.key_gains != (1.0, 1.0):
+            gains = torch.tensor(c.key_gains, dtype=self.dtype, device=positions.device)
+            key_gain = gains[(positions >= c.key_split).long()][:, None, None]
         for i in range(c.n_layers):
             x = _rms_norm(h, p[f"{i}.attn_norm"], c.norm_eps)
             q, k, v = _linear(x, p[f"{i}.qkv"], splitk).split((q_width, kv_width, kv_width), dim=-1)
             q = _rotate(q.reshape(T, c.n_heads, c.head_dim), cos, sin)
             k = _rotate(k.reshape(T, c.n_kv_heads, c.head_dim), cos, sin)
+            if key_gain is not None:
+                k = k * key_gain
             attn = attend(i, q, k, v.reshape(T, c.n_kv_heads, c.head_dim))
             h = h + _linear(attn.reshape(T, q_width), p[f"{i}.out"], splitk)
             x = _rms_norm(h, p[f"{i}.mlp_norm"], c.norm_eps)

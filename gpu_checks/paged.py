@@ -32,17 +32,21 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
+from .sizes import SPLIT_KV_PARTITION
+
 __all__ = [
-    "ALIGNS", "BACKENDS", "MERGES", "SOFTMAXES", "SPLIT_KV_PARTITION", "LOOP_SCORE_BUDGET",
+    "ALIGNS", "BACKENDS", "COUNTS", "MERGES", "SOFTMAXES", "SPLIT_KV_PARTITION", "LOOP_SCORE_BUDGET",
     "Metadata", "RowSpec", "build_metadata",
     "KVCache", "BlockAllocator", "PoolExhausted", "PagedAttention", "paged_attention",
 ]
 
 BACKENDS = ("sdpa", "loop")
 ALIGNS = ("bottom_right", "top_left")
-MERGES = ("rescaled", "unscaled")      # "unscaled": the split_kv_merge_unscaled bug
+# split-KV faults: "unscaled" partitions summed as they are; "first_max"/"last_max" rescaled to the
+# first/last partition's max instead of the common one (exp overflows when another partition leads by > 88.7)
+MERGES = ("rescaled", "unscaled", "first_max", "last_max")
 SOFTMAXES = ("stable", "naive")        # "naive": exp(scores) without the max subtracted (a bug)
-SPLIT_KV_PARTITION = 512               # keys per split-KV partition of the decode kernel
+COUNTS = ("exact", "one_short")        # "one_short": ceil((seq_len - 1) / P) partitions, drops a lone newest key
 LOOP_SCORE_BUDGET = 1 << 28           # the loop reference scores a row in query blocks of about this many elements
 _SDPA_HAS_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
@@ -188,19 +192,25 @@ class PagedAttention:
     at the first key instead of the last (the pre-2.1 FlashAttention
     convention).  ``merge`` and ``softmax`` select faults of the split-KV
     decode kernel (``"unscaled"``: partitions summed without rescaling to a
-    common max; ``"naive"``: ``exp(score)`` without subtracting the max, which
-    overflows once a score passes ~88.7 in float32/bfloat16).  A query that
+    common max; ``"first_max"``/``"last_max"``: rescaled to the first/last
+    partition's max, which overflows once another partition's max leads it by
+    ~88.7 in float32; ``"naive"``: ``exp(score)`` without subtracting the max, which
+    overflows once a score passes ~88.7 in float32/bfloat16; ``count="one_short"``:
+    ``ceil((seq_len - 1) / P)`` partitions, which drops the newest key of a row
+    one key past a partition boundary).  A query that
     sees no key gets zeros or NaN (backend and torch version dependent).
     Output: ``[T, H, hd]`` in ``q.dtype``.
     """
 
     def __init__(self, meta: Metadata, *, backend: str = "sdpa", align: str = "bottom_right",
-                 merge: str = "rescaled", softmax: str = "stable") -> None:
+                 merge: str = "rescaled", softmax: str = "stable", count: str = "exact") -> None:
         for name, value, allowed in (("backend", backend, BACKENDS), ("align", align, ALIGNS),
-                                     ("merge", merge, MERGES), ("softmax", softmax, SOFTMAXES)):
+                                     ("merge", merge, MERGES), ("softmax", softmax, SOFTMAXES),
+                                     ("count", count, COUNTS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
         self.meta, self.backend, self.align, self.merge, self.softmax = meta, backend, align, merge, softmax
+        self.count = count
         if backend == "loop":
             self.rows = list(zip(meta.query_start_loc.tolist(), meta.query_start_loc[1:].tolist(),
                                  meta.seq_lens.tolist()))
@@ -295,6 +305,11 @@ class PagedAttention:
         kpos = torch.arange(width, device=seq_lens.device)
         qpos = seq_lens - 1 if self.align == "bottom_right" else torch.zeros_like(seq_lens)
         self.decode_mask = (kpos[None, :] <= qpos[:, None]) & (kpos[None, :] < seq_lens[:, None])
+        if self.count == "one_short":
+            counted = ((seq_lens - 2).clamp(min=0) // SPLIT_KV_PARTITION + 1) * SPLIT_KV_PARTITION
+            self.decode_mask &= kpos[None, :] < counted[:, None]
+        # the partition of each row's newest key (the "last" one of a last_max merge)
+        self.last_partition = ((seq_lens - 1) // SPLIT_KV_PARTITION).clamp(max=self.partitions - 1)
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         kv_heads, hd = k_cache.shape[2:]
@@ -314,8 +329,14 @@ class PagedAttention:
             p = (s - torch.where(torch.isfinite(m), m, torch.zeros_like(m))).exp()
         o = torch.einsum("bkgpl,bplkd->bkgpd", p, v.unflatten(1, (parts, -1)))  # [Bd, KV, G, P, hd]
         l = p.sum(-1, keepdim=True)                                            # [Bd, KV, G, P, 1]
-        if self.merge == "rescaled" and self.softmax == "stable":
-            w = (m - m.amax(-2, keepdim=True)).exp()     # exp(m_i - max_i m_i); 0 for empty partitions
+        if self.merge != "unscaled" and self.softmax == "stable":
+            if self.merge == "first_max":
+                ref = m[..., :1, :]
+            elif self.merge == "last_max":
+                ref = m.gather(-2, self.last_partition.view(n, 1, 1, 1, 1).expand(n, *m.shape[1:3], 1, 1))
+            else:
+                ref = m.amax(-2, keepdim=True)
+            w = (m - ref).exp()                          # exp(m_i - max_i m_i); 0 for empty partitions
             o, l = o * w, l * w
         out = o.sum(-2) / l.sum(-2)                                            # [Bd, KV, G, hd]
         return out.reshape(n, heads, hd).to(q.dtype)
@@ -323,6 +344,7 @@ class PagedAttention:
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: Metadata, *,
                     backend: str = "sdpa", align: str = "bottom_right", merge: str = "rescaled",
-                    softmax: str = "stable") -> torch.Tensor:
+                    softmax: str = "stable", count: str = "exact") -> torch.Tensor:
     """One-shot :class:`PagedAttention` (builds the plan and applies it to one layer)."""
-    return PagedAttention(meta, backend=backend, align=align, merge=merge, softmax=softmax)(q, k_cache, v_cache)
+    return PagedAttention(meta, backend=backend, align=align, merge=merge, softmax=softmax,
+                          count=count)(q, k_cache, v_cache)

@@ -21,7 +21,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["Workload", "SUITE_WORKLOADS", "fcfs_schedule", "alone_schedule", "boundary_trace", "arrivals"]
+from .sizes import DECODE_GRAPH_ROWS, PAD_TO, key_intervals, size_parameters
+
+__all__ = ["Workload", "SUITE_WORKLOADS", "fcfs_schedule", "alone_schedule", "boundary_trace", "arrivals",
+           "boundary_workload"]
 
 
 def alone_schedule(fed_lens: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -188,6 +191,34 @@ class Workload:
         return report, baseline
 
 
+def boundary_workload(block_size: int = 16, prefill_chunk: int = 256, preset: str = "narrow") -> Workload:
+    """``bounds``: every size parameter of :func:`~.sizes.size_parameters` at ``n - 1``, ``n``, ``n + 1``.
+
+    Built from the parameters: a wide group first (``DECODE_GRAPH_ROWS + 2``
+    short requests decoding together, one finishing per step, so steps of
+    10, 9, 8 and 7 decode rows, one of them beside a prefill); then, once it
+    is done, one request per merged key interval of :func:`~.sizes.key_intervals`
+    (prompt ``lo - 1``, decoding through ``lo .. hi`` keys: pages, split-KV
+    partitions, the RoPE and block tables) and prompts of ``chunk - 1``,
+    ``chunk`` and ``chunk + 1`` tokens.
+    """
+    params = size_parameters(block_size, prefill_chunk)
+    wide = DECODE_GRAPH_ROWS + 2
+    lines = [(0, f"w{k}", 2 + k % 4, 3 + k) for k in range(wide)]
+    lines.append((1, "w-prefill", 2 * PAD_TO, 2))      # a prefill row beside the widest decode steps
+    later = 3 * wide                                   # after the wide group is done
+    lines += [(later, f"keys{lo}", lo - 1, hi - lo + 2) for lo, hi in key_intervals(params, block_size)]
+    lines += [(later + 1, f"prompt{n}", n, 2) for p in params if p.measure == "prompt_len" for n in p.targets]
+    trace = arrivals(lines)
+    pages = sum(-(-(x["prompt_tokens"] + x["output_tokens"]) // block_size) for x in trace)
+    config = {"block_size": block_size, "token_budget": prefill_chunk + 4 * PAD_TO, "max_active": wide + 2,
+              "prefill_chunk": prefill_chunk, "release_delay": 1, "policy": "continuous", "capacity": pages + 1}
+    return Workload(
+        "bounds", trace, config, preset=preset,
+        notes="every size parameter (page, split-KV partition, two partitions, RoPE table, block-table width, "
+              "prefill chunk, batch padding, decode graph rows) at n-1, n and n+1, derived from the parameters")
+
+
 def _suite_workloads() -> dict[str, Workload]:
     chunked = arrivals([(0, "a", 23, 5), (0, "b", 9, 6), (1, "c", 16, 4), (2, "d", 17, 3), (3, "e", 7, 7),
                         (4, "f", 33, 2)])
@@ -221,6 +252,7 @@ def _suite_workloads() -> dict[str, Workload]:
             kit_preempt=(("long", 1104),),
             notes="optimistic admission on 84 pages: the prompts fit (82 pages), the decodes do not, so the "
                   "1,100-token request is preempted and recomputes 1,100+ rows"),
+        "bounds": boundary_workload(),
     }
 
 

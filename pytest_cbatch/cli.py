@@ -298,7 +298,7 @@ def _gpu(argv: list[str]) -> int:
     except ImportError as exc:
         print(f"error: cbatch gpu needs torch ({exc}); pip install 'pytest-cbatch[gpu]'", file=sys.stderr)
         return 2
-    return gpu_main(argv)
+    return gpu_main(argv, prog="cbatch gpu")
 
 
 def _grade(argv: list[str]) -> int:

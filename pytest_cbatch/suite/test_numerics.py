@@ -14,7 +14,11 @@ model; where the implementation does not support their config, the kit's own
 FCFS schedule of the same trace runs instead (property ``cbatch_schedule``
 says which).  ``large_scores`` runs the ``long`` schedule on the same model
 with queries scaled so attention scores pass the float32 overflow range of a
-naive ``exp``.  ``test_attention_kernels`` checks the attention kernels on
+naive ``exp``; ``later_partition_leads`` / ``first_partition_leads`` run it with
+one split-KV partition's scores leading the others' by more than 100.
+``bounds`` hits every size parameter of the engine at n-1, n and n+1 (pages,
+split-KV partitions, RoPE and block tables, prefill chunk, batch padding) and
+has a step of 10 decode rows beside a prefill.  ``test_attention_kernels`` checks the attention kernels on
 long ragged rows once per run (they do not depend on the implementation).
 A report that fails ``schema_valid`` is not executed: its tests skip and
 point at that clause.  A report that cannot show its schedule (a client-side
@@ -33,9 +37,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the numerics tests need torch: pip install torch==2.13.0")
 
-from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, run_attention_parity  # noqa: E402
+from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, MAGNITUDES, run_attention_parity  # noqa: E402
 from pytest_cbatch.gpu_checks.checks import (  # noqa: E402  (after the torch skip)
-    SCHEDULE_CHECKS, CheckResult, run_invariance_checks, run_preemption_check, run_schedule_checks,
+    LEAD_CHECKS, SCHEDULE_CHECKS, CheckResult, run_invariance_checks, run_preemption_check, run_schedule_checks,
 )
 from pytest_cbatch.gpu_checks.engine import ScheduleError  # noqa: E402
 from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, Workload  # noqa: E402
@@ -48,11 +52,15 @@ CHECKS: dict[str, tuple[str, ...]] = {
     "demo": SCHEDULE_CHECKS,
     "chunked": SCHEDULE_CHECKS + ("batch_invariance", "negative_control"),
     "preempt": SCHEDULE_CHECKS + ("preemption_vs_none",),
-    "long": ("batched_vs_alone", "backend_parity", "chunked_vs_whole", "page_reuse", "large_scores"),
-    "long-preempt": ("batched_vs_alone", "preemption_vs_none"),
+    "long": ("batched_vs_alone", "backend_parity", "chunked_vs_whole", "page_reuse", "large_scores",
+             "later_partition_leads", "first_partition_leads"),
+    "long-preempt": ("batched_vs_alone", "page_reuse", "preemption_vs_none"),
+    "bounds": ("batched_vs_alone", "backend_parity", "chunked_vs_whole", "page_reuse"),
 }
-KIT_FALLBACK = ("long", "long-preempt")   # unsupported config: run the kit's own schedule of the trace
+KIT_FALLBACK = ("long", "long-preempt", "bounds")   # unsupported config: run the kit's own schedule of the trace
 HOT_PRESET = {"narrow": "narrow-hot"}     # the q_gain twin of a preset, for large_scores
+HOT_CHECKS = {"large_scores": "", **{check: f"-{side}" for check, side in LEAD_CHECKS.items()}}
+"""Checks that run on the hot twin (suffixed: its ``-late``/``-early`` partition-lead variant)."""
 _GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 numerics need CUDA")]
 _DTYPES = ("float64", "float32", "bfloat16")
 CASES = [
@@ -60,8 +68,10 @@ CASES = [
     for dtype in _DTYPES for workload in WORKLOADS for check in CHECKS[workload]
 ]
 KERNEL_CASES = [
-    pytest.param(check, dtype, id=f"{check}-{dtype}", marks=_GPU if dtype == "bfloat16" else ())
-    for dtype in _DTYPES for check in ("attention_parity", "attention_large_scores")
+    pytest.param(check, dtype, magnitude, id=f"{check}-{dtype}" + ("" if magnitude == "uniform" else f"-{magnitude}"),
+                 marks=_GPU if dtype == "bfloat16" else ())
+    for dtype in _DTYPES for check, magnitude in (("attention_parity", "uniform"), *(
+        ("attention_large_scores", m) for m in MAGNITUDES))
 ]
 
 
@@ -124,9 +134,9 @@ class _Numerics:
             try:
                 out = run_schedule_checks(w.trace, report, preset=w.preset, **common,
                                           checks=[c for c in checks if c in SCHEDULE_CHECKS])
-                if "large_scores" in checks:
-                    out += run_schedule_checks(w.trace, report, preset=HOT_PRESET[w.preset], checks=("large_scores",),
-                                               **common)
+                for check in (c for c in checks if c in HOT_CHECKS):
+                    out += run_schedule_checks(w.trace, report, preset=HOT_PRESET[w.preset] + HOT_CHECKS[check],
+                                               checks=(check,), **common)
                 if "batch_invariance" in checks:
                     out += run_invariance_checks(w.trace, report, preset=w.preset, **common)
                 if w.baseline is not None:
@@ -163,12 +173,14 @@ def test_numerics(check: str, dtype: str, workload: str, numerics: _Numerics, re
                     f"replay: pytest --cbatch-impl={numerics.impl.spec} -k '{check}-{dtype}-{workload}'", pytrace=False)
 
 
-@pytest.mark.parametrize("check,dtype", KERNEL_CASES)
-def test_attention_kernels(check: str, dtype: str, request: pytest.FixtureRequest) -> None:
-    """The engine's attention (SDPA prefill, split-KV decode) on long ragged rows (up to 2,011 keys)."""
+@pytest.mark.parametrize("check,dtype,magnitude", KERNEL_CASES)
+def test_attention_kernels(check: str, dtype: str, magnitude: str, request: pytest.FixtureRequest) -> None:
+    """The engine's attention (SDPA prefill, split-KV decode) on long ragged rows (up to 2,011 keys); at large
+    scores also with a later split-KV partition's max leading the first's by > 100, and the reverse."""
     request.node.user_properties += [("cbatch_clause", f"numerics.{check}"), ("cbatch_workload", "ragged")]
     gain = LARGE_SCORE_GAIN if check == "attention_large_scores" else 1.0
-    result = run_attention_parity(dtype, device="cuda" if dtype == "bfloat16" else "cpu", q_gain=gain)
+    result = run_attention_parity(dtype, device="cuda" if dtype == "bfloat16" else "cpu", q_gain=gain,
+                                  magnitude=magnitude)
     if not result.passed:
         pytest.fail(f"[numerics.{check}] {result.summary()}\n"
                     f"replay: python -m pytest_cbatch.gpu_checks --dtype {dtype}", pytrace=False)

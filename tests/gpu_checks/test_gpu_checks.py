@@ -14,6 +14,7 @@ from pytest_cbatch.gpu_checks.checks import (  # noqa: E402
     SCHEDULE_CHECKS, TOLERANCES, _tolerance_failures, mutant_kill_matrix, run_invariance_checks,
     run_preemption_check, run_schedule_checks,
 )
+from pytest_cbatch.gpu_checks.bugs import REGIMES  # noqa: E402
 from pytest_cbatch.gpu_checks.engine import BUG_REGIMES, BUGS  # noqa: E402
 from pytest_cbatch.gpu_checks.profiles import _short_workloads  # noqa: E402
 from pytest_cbatch.gpu_checks.metrics import compare  # noqa: E402
@@ -109,7 +110,7 @@ def test_clean_engine_passes_the_kill_checks(kill_matrix: dict[str, Any]) -> Non
 
 
 def test_every_bug_has_a_regime() -> None:
-    assert set(BUG_REGIMES) == set(BUGS) and set(BUG_REGIMES.values()) == {"short", "long_context", "large_scores"}
+    assert set(BUG_REGIMES) == set(BUGS) and set(BUG_REGIMES.values()) == set(REGIMES)
 
 
 @pytest.mark.parametrize("bug", SHORT_BUGS)
@@ -142,3 +143,25 @@ def test_results_serialise_to_json_with_infinities() -> None:
     result.metrics.max_kl = float("inf")
     document = json.loads(json.dumps(result.as_dict()))
     assert document["metrics"]["max_kl"] == "inf" and document["name"] == "batched_vs_alone"
+
+
+def test_a_non_finite_reference_fails_its_checks_and_the_others_still_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cbatch.gpu_checks import checks
+
+    real = checks.dense_records
+
+    def poisoned(*args: Any, **kwargs: Any) -> Records:
+        out = real(*args, **kwargs)
+        out.logits[0, 0] = float("nan")
+        return out
+
+    monkeypatch.setattr(checks, "dense_records", poisoned)
+    trace, report = _reference("demo")
+    results = {r.name: r for r in run_schedule_checks(trace, report, dtype="float64", block_size=4)}
+    assert list(results) == list(SCHEDULE_CHECKS)
+    for name in ("oracle_self_test", "batched_vs_alone", "page_reuse"):
+        assert not results[name].passed and "reference logits are not finite" in results[name].summary()
+    for name in ("backend_parity", "row_order", "determinism"):
+        assert results[name].passed, results[name].summary()
+    [clean, *_] = mutant_kill_matrix(trace, report, dtype="float64", block_size=4, bugs=["cross_row_leak"])
+    assert not clean.passed and "reference logits are not finite" in clean.summary()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,33 @@ def test_command_runs_end_to_end_on_cuda(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["environment"]["tf32_matmul"] is False and doc["settings"]["dtypes"] == ["bfloat16", "float32"]
     assert all("error" not in t for t in doc["decode_steps"])
+
+
+NO_TORCH = "import sys; sys.modules['torch'] = None; from pytest_cbatch.cli import main; sys.exit(main({argv!r}))"
+
+
+def _without_torch(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``cbatch ARGV`` in a fresh interpreter where ``import torch`` fails."""
+    return subprocess.run([sys.executable, "-c", NO_TORCH.format(argv=argv)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cbatch_gpu_help_shows_the_options_with_defaults_and_units_without_torch() -> None:
+    done = _without_torch(["gpu", "--help"])
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert done.stdout.startswith("usage: cbatch gpu [-h] [--device")
+    for piece in ("--budget SECONDS", "(default: the profile's, 360 s for gpu", "--threads", "(default: 1;",
+                  "--seed SEED", "(default: 0)", "--profile {cpu,gpu}", "(default: gpu on cuda, cpu otherwise)",
+                  "works without torch", "Exit status: 0"):
+        assert piece in text, piece
+
+
+def test_cbatch_gpu_dry_run_needs_no_torch() -> None:
+    done = _without_torch(["gpu", "--profile", "gpu", "--dry-run"])
+    assert done.returncode == 0, done.stderr
+    assert "profile gpu" in done.stdout and "estimate:" in done.stdout and "budget 360 s" in done.stdout
+    auto = _without_torch(["gpu", "--dry-run"])
+    assert auto.returncode == 0 and "torch is not installed: --device auto plans for cpu" in auto.stdout
+    run = _without_torch(["gpu", "--device", "cpu"])
+    assert run.returncode == 2 and "need torch" in run.stderr

@@ -27,6 +27,8 @@ from pytest_cbatch.reference.scheduler_sim import simulate  # noqa: E402
 LONG = SUITE_WORKLOADS["long"]
 LONG_BUGS = [b for b, regime in BUG_REGIMES.items() if regime == "long_context"]
 LARGE_BUGS = [b for b, regime in BUG_REGIMES.items() if regime == "large_scores"]
+BOUNDARY_BUGS = [b for b, regime in BUG_REGIMES.items() if regime == "partition_boundary"]
+LEAD_BUGS = [b for b, regime in BUG_REGIMES.items() if regime.endswith("_partition_leads")]
 BS = LONG.config["block_size"]
 
 
@@ -99,8 +101,8 @@ def long_kill() -> dict[str, Any]:
     report = _report("kit")
     common = {"block_size": BS, "workload": "long"}
     out = {r.name: r for r in mutant_kill_matrix(LONG.trace, report, dtype="float64", preset="narrow",
-                                                 bugs=LONG_BUGS + LARGE_BUGS, **common)}
-    hot = mutant_kill_matrix(LONG.trace, report, dtype="float32", preset="narrow-hot", bugs=LARGE_BUGS,
+                                                 bugs=LONG_BUGS + LARGE_BUGS + BOUNDARY_BUGS, **common)}
+    hot = mutant_kill_matrix(LONG.trace, report, dtype="float32", preset="narrow-hot", bugs=LARGE_BUGS + LEAD_BUGS,
                              checks=("large_scores",), **common)
     out.update({f"hot-{r.name}": r for r in hot})
     return out
@@ -125,6 +127,19 @@ def test_large_score_bugs_hide_at_normal_scores_and_are_caught_at_large_ones(bug
     caught = long_kill[f"hot-mutant:{bug}"]
     assert caught.passed and caught.details["caught_by"] == ["large_scores"], caught.summary()
     assert caught.metrics.nonfinite > 0
+
+
+@pytest.mark.parametrize("bug", BOUNDARY_BUGS)
+def test_a_decode_one_key_past_a_partition_is_what_the_boundary_bug_needs(bug: str, long_kill: dict[str, Any]) -> None:
+    """The long workload decodes past two partitions (1,101-1,139 keys) but never at 513 or 1,025."""
+    assert not long_kill[f"mutant:{bug}"].passed, long_kill[f"mutant:{bug}"].summary()
+
+
+@pytest.mark.parametrize("bug", LEAD_BUGS)
+def test_partition_lead_bugs_hide_when_the_partitions_maxima_are_close(bug: str, long_kill: dict[str, Any]) -> None:
+    """narrow-hot's scores pass 150 in every partition, so no partition leads another by 88.7."""
+    result = long_kill[f"hot-mutant:{bug}"]
+    assert not result.passed and not result.details["crashed"], result.summary()
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
