@@ -132,29 +132,36 @@ def test_the_child_sees_a_scrubbed_environment_and_its_own_copy(tmp_path: Path, 
 
 
 def test_a_hang_kills_the_whole_process_group(tmp_path: Path) -> None:
-    pidfile = tmp_path / "grandchild.pid"
+    marker = f"600.{os.getpid()}{time.monotonic_ns() % 10**6}"  # a sleep argument no other process has
     impl = isolated(tmp_path, f"""
-        import subprocess, time
+        import subprocess, sys, time
         def simulate(events, **config):
-            proc = subprocess.Popen(["sleep", "600"])
-            open({str(pidfile)!r}, "w").write(str(proc.pid))
+            subprocess.Popen(["sleep", {marker!r}])
+            print("grandchild started", flush=True)
             time.sleep(600)
-    """, Limits(call_seconds=2, max_failures=1))
-    assert "did not answer" in run_demo(impl).broken
-    pid = int(pidfile.read_text())
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and _alive(pid):
+    """, Limits(call_seconds=5, max_failures=1))
+    broken = run_demo(impl).broken
+    assert "did not answer" in broken and "grandchild started" in broken, broken
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _running(marker):
         time.sleep(0.05)
-    assert not _alive(pid)
+    assert not _running(marker)
     impl.close()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
-            return fh.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+def _running(argument: str) -> bool:
+    """Whether a live (not zombie) process has ``argument`` on its command line."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                args = fh.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", encoding="ascii") as fh:
+                state = fh.read().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, NotADirectoryError, ProcessLookupError, PermissionError):
+            continue
+        if argument.encode() in args and state != "Z":
+            return True
+    return False
 
 
 def test_remote_lifecycle_objects_behave_like_local_ones(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ submission patches, it patches in this process alone, and every verdict is
 computed in the parent.  The same module gives the parent the value codec.
 
 CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
-(``resource`` names to ``[soft, hard]``) and ``load``: ``folder`` (put first
+(``resource`` names to ``[soft, hard]``), ``home`` (made if missing),
+``copy_from`` (inside bubblewrap: the read-only submission, copied into the
+load folder, which becomes the working directory) and ``load``: ``folder`` (put first
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
 module, or null).  The first reply describes what was found.
@@ -30,6 +32,7 @@ import json
 import numbers
 import os
 import resource
+import shutil
 import sys
 import traceback
 from typing import Any, Callable
@@ -216,6 +219,18 @@ def _apply_limits(limits: dict[str, list[int]]) -> None:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
 
+def _prepare(config: dict[str, Any]) -> None:
+    """The working directory: the submission copied in when it arrives read-only, then made current."""
+    os.makedirs(config["home"], exist_ok=True)
+    folder = config["load"].get("folder")
+    if config.get("copy_from"):
+        shutil.copytree(config["copy_from"], folder, symlinks=True)
+    elif folder:
+        os.makedirs(folder, exist_ok=True)
+    if folder:
+        os.chdir(folder)
+
+
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     _apply_limits(config["limits"])
@@ -227,6 +242,7 @@ def main(argv: list[str]) -> int:
         writer.flush()
 
     try:
+        _prepare(config)
         names, described = load(config["load"])
     except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
         tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]

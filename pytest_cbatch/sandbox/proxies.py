@@ -227,10 +227,15 @@ class IsolatedImplementation(Implementation):
 
     unsupported_reason = PythonImplementation.unsupported_reason
 
-    def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission") -> None:
+    def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
+                 mode: str = "auto") -> None:
+        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``)."""
         self.spec = spec
         self.limits = limits
-        self.sandbox = Sandbox(load, limits, label)
+        try:
+            self.sandbox = Sandbox(load, limits, label, mode)
+        except ValueError as exc:
+            raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
         try:
             info = self.sandbox.describe()
@@ -238,7 +243,8 @@ class IsolatedImplementation(Implementation):
             self.sandbox.close()
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         self.sources: dict[str, str] = dict(info.get("sources", {}))
-        self.source = f"isolated child process ({limits.describe()})"
+        contained = "in bubblewrap" if self.sandbox.mode == "bwrap" else "not contained: no bubblewrap"
+        self.source = f"isolated child process ({contained}; {limits.describe()})"
         signature = info.get("simulate")
         self.fn = _RemoteSimulate(self.sandbox) if signature else None
         self.accepted = set(signature["accepted"]) if signature else set()
