@@ -209,3 +209,48 @@ def test_load_spec_forms(tmp_path: Path) -> None:
     with pytest.raises(ImplementationError, match="exec:"):
         load_spec_for("exec:./sched")
     assert os.path.basename(load_spec_for(str(tmp_path / "scheduler_sim.py")).files[0]) == "scheduler_sim.py"
+
+
+def test_attribute_reads_come_in_one_reply_and_never_go_stale(tmp_path: Path, monkeypatch) -> None:
+    impl = isolated(tmp_path, """
+        class Page:
+            __slots__ = ("owners", "tokens", "unset")
+            def __init__(self):
+                self.owners, self.tokens = [], 0
+        class PagedKV:
+            def __init__(self, capacity):
+                self.free = list(range(capacity))
+                self.pages = {}
+                self.reads = 0
+            @property
+            def counted(self):
+                self.reads += 1
+                return self.reads
+            def take(self, owner):
+                page = self.free.pop(0)
+                self.pages[page] = Page()
+                self.pages[page].owners.append(owner)
+                return page
+    """)
+    sent: list[str] = []
+    request = impl.sandbox.request
+    monkeypatch.setattr(impl.sandbox, "request", lambda message, *a: sent.append(message["op"]) or request(message, *a))
+    pool = impl.namespace.PagedKV(3)
+    assert pool.free == [0, 1, 2] and pool.pages == {}
+    first = pool.free
+    first.append(99)  # a copy: changing it changes nothing remote, nor the next read
+    assert pool.free == [0, 1, 2]
+    assert pool.take("a") == 0
+    assert pool.free == [1, 2]  # the call made the earlier snapshot stale
+    page = pool.pages[0]
+    assert page.owners == ["a"] and page.tokens == 0
+    with pytest.raises(AttributeError):
+        page.unset
+    before = len(sent)
+    assert pool.counted == 1 and pool.counted == 2  # a property runs in the child on every read
+    assert len(sent) == before + 2
+    reads = [op for op in sent if op == "getattr"]
+    # new, then one getattr for the pool (every later read of it, and of its pages, from that reply), the
+    # same after take, plus the method lookup, the unset slot and the two property reads.
+    assert len(reads) <= 6, sent
+    impl.close()

@@ -14,7 +14,8 @@ on sys.path), ``files`` (module files to import, in priority order),
 module, or null).  The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
-one reply line: ``{"ok": value}``, ``{"raised": {type, builtin, message}}``,
+one reply line: ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``: see
+``Server.snapshot``), ``{"raised": {type, builtin, message}}``,
 ``{"unsupported": message}`` (simulate raised NotImplementedError),
 ``{"exited": code}`` (SystemExit) or ``{"memory": message}`` (MemoryError out
 of simulate).  Values are JSON with tags: ``{"$tuple": [...]}``,
@@ -35,9 +36,11 @@ import resource
 import shutil
 import sys
 import traceback
+import types
 from typing import Any, Callable
 
 PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
+SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
 
 
 def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
@@ -143,6 +146,9 @@ class Server:
             on_class = inspect.getattr_static(type(target), name, None)
             if inspect.isfunction(on_class) and name not in getattr(target, "__dict__", {}):
                 return {"ok": None, "method": True}
+            snap = self.snapshot(target)
+            if snap is not None and name in snap[request["target"]["$handle"]]:
+                return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
             return {"ok": self.out(getattr(target, name))}
         if op == "dunder":
             name = request["name"]
@@ -150,6 +156,34 @@ class Server:
                 return {"ok": self.out(list(target))}
             return {"ok": self.out(getattr(target, name)(*args))}
         raise ValueError(f"unknown op {op!r}")
+
+    def snapshot(self, root: Any) -> dict[int, dict[str, Any]] | None:
+        """The plain instance attributes of ``root`` and of the objects they reach (up to SNAPSHOT_OBJECTS).
+
+        ``{handle: {name: encoded value}}``: what ``getattr`` would return for
+        each name, sent in one reply so the parent reads them without a round
+        trip each until its next call (a call may change them).  Only
+        ``__dict__`` entries no data descriptor shadows and set ``__slots__``, of objects whose class
+        keeps the default ``__getattribute__``; None when ``root`` has none.
+        """
+        found: list[Any] = []
+
+        def handle(obj: Any) -> dict[str, Any]:
+            tag = self.handle(obj)
+            found.append((tag["$handle"], obj))
+            return tag
+
+        snap: dict[int, dict[str, Any]] = {}
+        handle(root)
+        while found and len(snap) < SNAPSHOT_OBJECTS:
+            number, obj = found.pop(0)
+            if number in snap:
+                continue
+            attrs = _plain_attributes(obj)
+            if attrs is None:
+                continue
+            snap[number] = {name: encode(value, handle) for name, value in attrs.items()}
+        return snap or None
 
     def simulate(self, trace: list[Any], config: dict[str, Any]) -> dict[str, Any]:
         before = json.dumps([trace, config], sort_keys=True)
@@ -164,6 +198,28 @@ class Server:
             reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
             reply["config"] = json.loads(json.dumps(config, default=_json_default))
         return reply
+
+
+def _plain_attributes(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s instance attributes that plain ``getattr`` reads straight from ``__dict__``, or None."""
+    cls = type(obj)
+    if inspect.isclass(obj) or callable(obj) or cls.__getattribute__ is not object.__getattribute__:
+        return None
+    out = {}
+    for klass in cls.__mro__:  # __slots__ members: read through their member descriptors, which run no code
+        for name in klass.__dict__.get("__slots__", ()):
+            member = klass.__dict__.get(name)
+            if isinstance(member, types.MemberDescriptorType) and inspect.getattr_static(cls, name, None) is member:
+                try:
+                    out.setdefault(name, member.__get__(obj, cls))
+                except AttributeError:  # an unset slot: getattr raises, so leave it to a real getattr
+                    pass
+    attrs = getattr(obj, "__dict__", None)
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        on_class = inspect.getattr_static(cls, name, None)
+        if not (hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")):
+            out[name] = value
+    return out if out or isinstance(attrs, dict) else None
 
 
 def raised(exc: BaseException) -> dict[str, Any]:
