@@ -15,7 +15,7 @@ import pytest
 from grading_samples import EXAMPLE_DIR, OVERLAYS, make_samples
 
 from pytest_cbatch.grading.driver import main as grade_main
-from pytest_cbatch.grading.evaluate import Submission, grade_submission, test_names
+from pytest_cbatch.grading.evaluate import Submission, grade_submission, rubric_tests
 from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import Rubric, load_rubric
 from pytest_cbatch.lifecycle import LIFECYCLE_CLAUSES
@@ -66,10 +66,9 @@ def test_every_sample_gets_its_exact_score(graded) -> None:
         lost = sum(t["max_score"] for t in doc["tests"] if t["name"] in failing)
         assert doc["score"] == FULL - lost, name
         assert doc["extra_data"]["cbatch"]["max_score"] == FULL
-    # No sample came near its cap: the hostile ones cost max_failures x call_seconds of waiting at most.
-    limits = load_rubric(RUBRIC).limits
+    # No sample ran into its cap: the hostile ones stop at the breaker (max_failures failed calls in a row).
     for name in EXPECTED_FAILURES:
-        assert results(out, name)["execution_time"] < limits.submission_seconds / 2, name
+        assert "limit submission_seconds" not in json.dumps(results(out, name)), name
 
 
 def test_every_results_json_validates_and_states_the_seed(graded) -> None:
@@ -85,7 +84,7 @@ def test_every_results_json_validates_and_states_the_seed(graded) -> None:
 
 def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
     _samples, out, _seconds, _code = graded
-    words = {"loops_forever": "did not answer within 5 s", "calls_os_exit": "exited with status 3",
+    words = {"loops_forever": "did not answer within 15 s", "calls_os_exit": "exited with status 3",
              "prints_50mb": "printed more than 256 KiB"}
     for name, text in words.items():
         completes = next(t for t in results(out, name)["tests"] if t["name"] == "contract.completes")
@@ -93,7 +92,7 @@ def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
         lifecycle = [t for t in results(out, name)["tests"] if t["name"].startswith("lifecycle.")]
         assert all(t["score"] == t["max_score"] for t in lifecycle), name
     refusal = next(t for t in results(out, "loops_forever")["tests"] if t["name"] == "contract.invalid_input_refused")
-    assert "did not answer within 5 s" in refusal["output"] and "not JSON" not in refusal["output"], refusal["output"]
+    assert "did not answer within 15 s" in refusal["output"] and "not JSON" not in refusal["output"], refusal["output"]
 
 
 def test_a_failure_explains_itself_and_replays_from_the_students_folder(graded) -> None:
@@ -106,7 +105,7 @@ def test_a_failure_explains_itself_and_replays_from_the_students_folder(graded) 
     shutil.copytree(samples / "buggy_ttft", student)
     (student / trace_name).write_bytes((out / "buggy_ttft" / trace_name).read_bytes())
     argv = [sys.executable, "-m", "pytest_cbatch.cli", *replay.split()[1:]]
-    done = subprocess.run(argv, cwd=student, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(argv, cwd=student, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and "ttft_null_on_cancel" in done.stdout, done.stdout + done.stderr
 
 
@@ -135,7 +134,7 @@ def test_submissions_and_other_results_are_untouched(graded) -> None:
 def test_gradescope_mode_and_a_rerun_reuse_nothing_stale(tmp_path: Path) -> None:
     rubric = tmp_path / "rubric.toml"
     rubric.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 1\nnumerics = "off"\n'
-                      '[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
+                      '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
     make_samples(tmp_path, only=("buggy_itl",))
     (tmp_path / "buggy_itl").rename(tmp_path / "submission")
     argv = ["--gradescope", "--gradescope-root", str(tmp_path), "--rubric", str(rubric)]
@@ -174,7 +173,7 @@ def test_bad_rubrics_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixt
 def _tiny_rubric(tmp_path: Path, grading: str = "", numerics: str = "off") -> Rubric:
     path = tmp_path / "tiny.toml"
     path.write_text(f'[grading]\ngenerated_examples = 0\nlifecycle_examples = 1\nnumerics = "{numerics}"\n' + grading
-                    + '[tests]\n"contract.*" = { points = 2 }\n"lifecycle.*" = { points = 1 }\n'
+                    + '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 2 }\n"lifecycle.*" = { points = 1 }\n'
                       '"numerics.*" = { points = 1 }\n', encoding="utf-8")
     return load_rubric(path)
 
@@ -195,7 +194,7 @@ SOLO = "from pytest_cbatch.reference.scheduler_sim import simulate\n"
 def test_a_single_file_scheduler_is_told_which_file_it_lacks_and_what_it_costs(tmp_path: Path) -> None:
     rubric = _tiny_rubric(tmp_path)
     result = _grade_file(tmp_path, "solo", SOLO, rubric)
-    assert [t.name for t in result.tests] == test_names(rubric)
+    assert [t.name for t in result.tests] == rubric_tests(rubric)
     lifecycle = [t for t in result.tests if t.name.startswith("lifecycle.")]
     assert lifecycle and not any(t.passed for t in lifecycle)
     for test in lifecycle:
@@ -216,7 +215,7 @@ def test_a_rubric_without_the_lifecycle_part_scores_a_single_file_scheduler_in_f
 def test_a_crash_keeps_every_test_in_the_total(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     rubric = _tiny_rubric(tmp_path, 'numerics_workloads = ["demo"]\n', numerics="auto")
-    names = test_names(rubric)
+    names = rubric_tests(rubric)
     assert any(n.startswith("numerics.") for n in names)
     crash = _grade_file(tmp_path, "crash", "def simulate(events, **config):\n    raise KeyError('prompt')\n", rubric)
     unloadable = _grade_file(tmp_path, "unloadable", "def simulate(:\n", rubric)
@@ -240,7 +239,7 @@ def test_a_grader_failure_keeps_every_test_in_the_total(tmp_path: Path, monkeypa
     rubric = _tiny_rubric(tmp_path)
     sub = Submission("x", str(tmp_path), LoadSpec(str(tmp_path), ()))
     result = driver._grade_one(sub, rubric, build_plan(rubric), tmp_path / "out", "process")
-    assert [t.name for t in result.tests] == test_names(rubric) and result.extra["grader_error"]
+    assert [t.name for t in result.tests] == rubric_tests(rubric) and result.extra["grader_error"]
     assert result.max_score == 2 * len(CONTRACT) + len(LIFECYCLE_CLAUSES) and result.score == 0
     assert "the grader failed on this submission (RuntimeError: grader bug)" in result.tests[0].output
 

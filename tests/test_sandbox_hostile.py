@@ -36,7 +36,7 @@ lifecycle_examples = 1
 numerics = "off"
 sandbox = "bwrap"
 [limits]
-call_seconds = 30
+call_seconds = 120
 processes = {PROCESSES}
 max_failures = 2
 [tests]

@@ -4,7 +4,7 @@
 ``SubmissionResult`` with one test per contract clause (it passes when it
 passes on every workload it ran on), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
-same tests (``test_names``) for every submission, so every total is the same;
+same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
 minimal trace and a replay command that works from the student's folder; the
 failing trace is written next to results.json.  Hidden workloads count like
@@ -28,7 +28,7 @@ from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
-__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "test_names", "unjudged"]
+__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "rubric_tests", "unjudged"]
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
@@ -55,7 +55,7 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     """Grade ``submission``; writes failing traces (and hidden-failures.txt) under ``out_dir``.
 
     ``sandbox`` is the sandbox mode (``auto``, ``bwrap`` or ``process``).  The
-    result holds exactly ``test_names(rubric)``, whatever the submission did.
+    result holds exactly ``rubric_tests(rubric)``, whatever the submission did.
     """
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
@@ -103,7 +103,7 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
 
 
 def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float) -> SubmissionResult:
-    expected = test_names(rubric)
+    expected = rubric_tests(rubric)
     assert [t.name for t in tests] == expected, "every submission of a run is graded on the same tests"
     apply_rubric(tests, rubric)
     result = SubmissionResult(name, tests, "", time.monotonic() - start,
@@ -115,7 +115,7 @@ def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str]
     return result
 
 
-def test_names(rubric: Rubric) -> list[str]:
+def rubric_tests(rubric: Rubric) -> list[str]:
     """The tests of every submission graded under ``rubric`` on this machine, in order.
 
     ``[grading].parts`` selects the parts; numeric checks count where the
@@ -144,7 +144,7 @@ def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
 
 def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
     """Every test of ``rubric``, not judged for ``reason`` (a submission that could not be graded at all)."""
-    return [TestResult(name, False, "", tags=[name.split(".")[0]], unjudged=reason) for name in test_names(rubric)]
+    return [TestResult(name, False, "", tags=[name.split(".")[0]], unjudged=reason) for name in rubric_tests(rubric)]
 
 
 # ------------------------------------------------------------------ contract

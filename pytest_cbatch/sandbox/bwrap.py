@@ -53,7 +53,7 @@ class Confinement:
 def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: Sequence[str]) -> Confinement:
     """The bubblewrap prefix for a child whose host-side folder is ``host_dir`` (submission copy at ``work``).
 
-    As root, ``host_dir`` is opened to the unprivileged user and aliases of the
+    As root, ``host_dir`` is handed to the unprivileged user and aliases of the
     bind sources are made under it in a private mount namespace of the
     launching process (an unprivileged bwrap cannot reach a Python installed
     under a 0700 home such as /root).
@@ -85,7 +85,7 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
     argv += ["--chdir", INSIDE, "--"]
     preexec = None
     if as_root:
-        _open_to_others(host_dir)
+        _hand_to_sandbox_user(host_dir)
         preexec = _drop_root(aliases)
     return Confinement(tuple(argv), preexec, f"{INSIDE}/work", f"{INSIDE}/home",
                        inside_submission if has_folder else None)
@@ -114,28 +114,33 @@ def _module_prefixes(modules: Sequence[str]) -> list[str]:
     return [".".join(name.split(".")[: i + 1]) for name in modules for i in range(len(name.split(".")))]
 
 
-def _open_to_others(host_dir: str) -> None:
-    """Let the unprivileged sandbox user traverse ``host_dir`` and read the submission copy in it."""
-    os.chmod(host_dir, 0o711)
+def _hand_to_sandbox_user(host_dir: str) -> None:
+    """Make ``host_dir`` (the submission copy, the alias mount points) the unprivileged sandbox user's own.
+
+    Owned rather than opened to everyone, so no other local user can read the copy.
+    """
+    os.chown(host_dir, UNPRIVILEGED_UID, UNPRIVILEGED_UID)
     for root, dirs, files in os.walk(host_dir):
-        for name in dirs:
-            os.chmod(os.path.join(root, name), 0o755)
-        for name in files:
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                os.chmod(path, os.stat(path).st_mode | 0o444)
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), UNPRIVILEGED_UID, UNPRIVILEGED_UID)
 
 
 def _drop_root(aliases: list[tuple[str, str]]) -> Callable[[], None]:
     """A pre-exec hook: in a private mount namespace, bind each root to its alias, then become ``nobody``."""
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded here: nothing is loaded between fork and exec
+    # Everything is looked up and encoded here, before the fork: the hook itself only makes system calls.
+    libc = ctypes.CDLL(None, use_errno=True)
+    unshare, mount = libc.unshare, libc.mount
+    unshare.argtypes = [ctypes.c_int]
+    mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    binds = [(root.encode(), alias.encode()) for root, alias in aliases]
+    private, bind = _MS_REC | _MS_PRIVATE, _MS_BIND | _MS_REC
 
     def hook() -> None:
-        if libc.unshare(_CLONE_NEWNS) != 0 or libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
+        if unshare(_CLONE_NEWNS) != 0 or mount(None, b"/", None, private, None) != 0:
             raise OSError(ctypes.get_errno(), "cannot make a private mount namespace for the sandbox")
-        for root, alias in aliases:
-            if libc.mount(root.encode(), alias.encode(), None, _MS_BIND | _MS_REC, None) != 0:
-                raise OSError(ctypes.get_errno(), f"cannot bind {root} for the sandbox")
+        for root, alias in binds:
+            if mount(root, alias, None, bind, None) != 0:
+                raise OSError(ctypes.get_errno(), f"cannot bind {root.decode()} for the sandbox")
         os.setgroups([])
         os.setgid(UNPRIVILEGED_UID)
         os.setuid(UNPRIVILEGED_UID)

@@ -320,7 +320,8 @@ class Sandbox:
     def _died(self) -> SandboxFailure:
         assert self._proc is not None
         try:
-            code = self._proc.wait(timeout=min(2.0, self.limits.call_seconds))
+            # It is exiting: a loaded machine may take seconds to get there, and its status says what happened.
+            code = self._proc.wait(timeout=min(10.0, self.limits.call_seconds))
         except subprocess.TimeoutExpired:
             return SandboxFailure("died", f"the {self.label} closed its RPC channel" + self._output.tail_note())
         if self.mode == "bwrap" and code > 128:  # bubblewrap reports a child killed by signal N as 128 + N
