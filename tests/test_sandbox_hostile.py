@@ -103,6 +103,16 @@ def arena(tmp_path_factory: pytest.TempPathFactory):
     listener.stop()
 
 
+def _run_demo(folder: Path, mode: str):
+    """One run of the demo workload by the submission in ``folder``, in the sandbox mode ``mode``."""
+    impl = IsolatedImplementation(folder.name, load_spec_for(str(folder)),
+                                  Limits(call_seconds=120, processes=PROCESSES), mode=mode)
+    try:
+        return impl.run(list(WORKLOADS["demo"].trace), WORKLOADS["demo"].config)
+    finally:
+        impl.close()
+
+
 def _leak(outcome) -> str:
     return outcome.refused or outcome.broken or ""
 
@@ -114,12 +124,7 @@ def test_without_bubblewrap_the_attack_works(arena, name: str) -> None:
     if name == "fork_bomb" and os.geteuid() != 0:
         pytest.skip("RLIMIT_NPROC binds a non-root grader even without bubblewrap")
     before = len(listener.received)
-    impl = IsolatedImplementation(name, load_spec_for(str(root / "submissions" / name)),
-                                  Limits(call_seconds=60, processes=PROCESSES), mode="process")
-    try:
-        outcome = impl.run(list(WORKLOADS["demo"].trace), WORKLOADS["demo"].config)
-    finally:
-        impl.close()
+    outcome = _run_demo(root / "submissions" / name, "process")
     assert outcome.report is None and "LEAKED" in _leak(outcome), outcome
     if name == "phones_home":
         assert len(listener.received) > before
@@ -132,12 +137,7 @@ def test_without_bubblewrap_the_attack_works(arena, name: str) -> None:
 def test_inside_bubblewrap_the_attack_finds_nothing(arena, name: str) -> None:
     root, targets, listener = arena
     before = len(listener.received)
-    impl = IsolatedImplementation(name, load_spec_for(str(root / "submissions" / name)),
-                                  Limits(call_seconds=60, processes=PROCESSES), mode="bwrap")
-    try:
-        outcome = impl.run(list(WORKLOADS["demo"].trace), WORKLOADS["demo"].config)
-    finally:
-        impl.close()
+    outcome = _run_demo(root / "submissions" / name, "bwrap")
     assert outcome.report is not None, _leak(outcome)
     assert len(listener.received) == before
     assert not any(Path(path).exists() for path in targets["write"])
