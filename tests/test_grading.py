@@ -15,6 +15,7 @@ import pytest
 from grading_samples import EXAMPLE_DIR, OVERLAYS, make_samples
 
 from pytest_cbatch.grading.driver import main as grade_main
+from pytest_cbatch.grading.driver import sandbox_mode
 from pytest_cbatch.grading.evaluate import Submission, grade_submission, rubric_tests
 from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import Rubric, load_rubric
@@ -264,6 +265,8 @@ def test_without_bubblewrap_grading_says_what_is_not_contained(tmp_path: Path, m
             resolve_mode("bwrap")
         with pytest.warns(NotContained, match="NOT contained"):
             Sandbox(LoadSpec(), Limits(), mode="auto")
+        assert sandbox_mode(None, load_rubric(None)) == "process"
+        assert "NOT contained: bubblewrap (bwrap) is not installed" in capsys.readouterr().err
         argv = [str(tmp_path), "--out", str(tmp_path / "out"), "--sandbox", "bwrap"]
         (tmp_path / "sub.py").write_text(SOLO, encoding="utf-8")
         assert grade_main(argv) == 2

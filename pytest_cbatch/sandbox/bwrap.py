@@ -75,7 +75,11 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
         source = root
         if as_root:
             source = os.path.join(host_dir, "roots", str(index))
-            os.makedirs(source)
+            if os.path.isdir(root):
+                os.makedirs(source)
+            else:  # a file (the interpreter) is bound onto a file
+                os.makedirs(os.path.dirname(source), exist_ok=True)
+                open(source, "wb").close()
             aliases.append((root, source))
         argv += ["--ro-bind", source, root]
     argv += ["--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE, "--symlink", f"{INSIDE}/home", "/tmp"]
@@ -92,9 +96,11 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
 
 
 def _python_roots(modules: Sequence[str]) -> list[str]:
-    """The Python installation, its site packages, the kit's code and the named modules' folders, outermost only."""
-    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix,
-             os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}
+    """The Python installation (its prefixes and site packages), the kit's code and the named modules' folders.
+
+    Outermost only, and none under /usr (bound whole anyway).
+    """
+    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     found.update(p for p in site.getsitepackages() if os.path.isdir(p))
     for name in (*_KIT_PACKAGES, *_module_prefixes(modules)):
         try:
@@ -105,9 +111,16 @@ def _python_roots(modules: Sequence[str]) -> list[str]:
             found.update(spec.submodule_search_locations)
         elif spec is not None and spec.origin and os.path.isfile(spec.origin):
             found.add(os.path.dirname(spec.origin))
-    roots = sorted({os.path.abspath(p) for p in found if os.path.isdir(p)})
-    outer = [r for r in roots if not any(r != o and r.startswith(o.rstrip("/") + "/") for o in roots)]
-    return [r for r in outer if not (r == "/usr" or r.startswith("/usr/"))]
+    roots = {os.path.abspath(p) for p in found if os.path.isdir(p)}
+    binary = os.path.realpath(sys.executable)  # the interpreter, should it live outside its prefixes
+    if not any(_inside(binary, r) for r in roots):
+        roots.add(binary)
+    outer = sorted(r for r in roots if not any(r != o and _inside(r, o) for o in roots))
+    return [r for r in outer if not _inside(r, "/usr")]
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
 
 
 def _module_prefixes(modules: Sequence[str]) -> list[str]:
