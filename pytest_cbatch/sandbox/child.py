@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import functools
 import importlib.util
 import inspect
 import json
@@ -43,8 +44,22 @@ PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
 
 
+_PLAIN = (type(None), bool, int, float, str)
+
+
 def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
     """Tagged JSON for ``value``; ``handle(obj)`` encodes an object that is not plain data."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common cases first: the ABC checks below are slow
+        return value
+    if kind is list:
+        return [encode(v, handle) for v in value]
+    if kind is dict:
+        return {"$dict": [[encode(k, handle), encode(v, handle)] for k, v in value.items()]}
+    if kind is tuple:
+        return {"$tuple": [encode(v, handle) for v in value]}
+    if kind is set or kind is frozenset:
+        return {"$set": [encode(v, handle) for v in value]}
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
@@ -158,13 +173,15 @@ class Server:
         raise ValueError(f"unknown op {op!r}")
 
     def snapshot(self, root: Any) -> dict[int, dict[str, Any]] | None:
-        """The plain instance attributes of ``root`` and of the objects they reach (up to SNAPSHOT_OBJECTS).
+        """The plain instance attributes of ``root``, of every object the parent holds, and of the objects
+        they reach (up to SNAPSHOT_OBJECTS).
 
         ``{handle: {name: encoded value}}``: what ``getattr`` would return for
         each name, sent in one reply so the parent reads them without a round
         trip each until its next call (a call may change them).  Only
-        ``__dict__`` entries no data descriptor shadows and set ``__slots__``, of objects whose class
-        keeps the default ``__getattribute__``; None when ``root`` has none.
+        ``__dict__`` entries no data descriptor shadows and set ``__slots__``,
+        of objects whose class keeps the default ``__getattribute__``; None
+        when there are none.
         """
         found: list[Any] = []
 
@@ -175,6 +192,7 @@ class Server:
 
         snap: dict[int, dict[str, Any]] = {}
         handle(root)
+        found += list(self.objects.items())
         while found and len(snap) < SNAPSHOT_OBJECTS:
             number, obj = found.pop(0)
             if number in snap:
@@ -206,20 +224,34 @@ def _plain_attributes(obj: Any) -> dict[str, Any] | None:
     if inspect.isclass(obj) or callable(obj) or cls.__getattribute__ is not object.__getattribute__:
         return None
     out = {}
-    for klass in cls.__mro__:  # __slots__ members: read through their member descriptors, which run no code
+    for name, member in _slot_members(cls):  # read through their member descriptors, which run no code
+        try:
+            out[name] = member.__get__(obj, cls)
+        except AttributeError:  # an unset slot: getattr raises, so leave it to a real getattr
+            pass
+    attrs = getattr(obj, "__dict__", None)
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        if not _shadowed(cls, name):
+            out[name] = value
+    return out if out or isinstance(attrs, dict) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_members(cls: type) -> tuple[tuple[str, Any], ...]:
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
         for name in klass.__dict__.get("__slots__", ()):
             member = klass.__dict__.get(name)
             if isinstance(member, types.MemberDescriptorType) and inspect.getattr_static(cls, name, None) is member:
-                try:
-                    out.setdefault(name, member.__get__(obj, cls))
-                except AttributeError:  # an unset slot: getattr raises, so leave it to a real getattr
-                    pass
-    attrs = getattr(obj, "__dict__", None)
-    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
-        on_class = inspect.getattr_static(cls, name, None)
-        if not (hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")):
-            out[name] = value
-    return out if out or isinstance(attrs, dict) else None
+                found.setdefault(name, member)
+    return tuple(found.items())
+
+
+@functools.lru_cache(maxsize=65536)
+def _shadowed(cls: type, name: str) -> bool:
+    """Whether a data descriptor of ``cls`` (a property, say) wins over an instance attribute ``name``."""
+    on_class = inspect.getattr_static(cls, name, None)
+    return hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")
 
 
 def raised(exc: BaseException) -> dict[str, Any]:

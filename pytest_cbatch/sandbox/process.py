@@ -262,6 +262,13 @@ class Sandbox:
         pending = memoryview(payload or b"")
         sel = self._selector
         assert sel is not None
+        if pending:  # a request usually fits the pipe at once: write it now, wait for room only if not
+            try:
+                pending = pending[os.write(self._rpc_out, pending):]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:
+                raise self._died() from None
         if pending:
             sel.register(self._rpc_out, selectors.EVENT_WRITE, "write")
         try:
