@@ -4,8 +4,8 @@
 installed and works here, and otherwise falls back to plain process isolation
 with a one-time notice (``not_contained_notice``); ``bwrap`` requires it;
 ``process`` never uses it.  Inside bubblewrap the child has its own user, PID,
-IPC, UTS, cgroup and network namespaces (no network at all, not even the
-host's loopback), sees only the system's ``/usr`` (and the ``/lib``-style
+IPC, UTS, cgroup and network namespaces (a loopback of its own and no other
+interface: the host's 127.0.0.1 and the network are out of reach), sees only the system's ``/usr`` (and the ``/lib``-style
 links to it), the Python installation and the kit's own code, read-only, its
 submission's copy read-only at ``/sandbox/submission``, and a private tmpfs at
 ``/sandbox`` for its working directory, ``HOME`` and ``/tmp``; ``/proc`` shows
