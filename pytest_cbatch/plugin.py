@@ -47,6 +47,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cbatch-isolate", action="store_true", default=False,
                     help="run the implementation only in a sandbox child process (limits, scrubbed environment; "
                          "--cbatch-timeout is the limit per call)")
+    group.addoption("--cbatch-sandbox", choices=("auto", "bwrap", "process"), default=None,
+                    help="with --cbatch-isolate: auto (bubblewrap when it works here, else a notice; the default), "
+                         "bwrap (required) or process (ini: cbatch_sandbox)")
     group.addoption("--cbatch-config", action="append", default=None, metavar="KEY=VALUE",
                     help="override a base setting of every workload that does not set it itself, e.g. "
                          "release_delay=0 for an engine that frees pages at once; repeatable (ini: cbatch_config, "
@@ -63,6 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+    parser.addini("cbatch_sandbox", "auto, bwrap or process (see --cbatch-sandbox)", default="auto")
     parser.addini("cbatch_config", "base-setting overrides, one KEY=VALUE per line (see --cbatch-config)",
                   type="linelist", default=[])
     from .expect import add_options as add_expect_options
@@ -150,7 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
             rootdir = str(config.invocation_params.dir)
             limits = Limits(call_seconds=timeout or 86400.0, names=(("call_seconds", "--cbatch-timeout"),))
-            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), limits)
+            impl = IsolatedImplementation(spec, load_spec_for(spec, rootdir=rootdir), limits,
+                                          mode=_setting(config, "sandbox"))
         else:
             impl = resolve_impl(spec, bounds=bounds, rootdir=str(config.invocation_params.dir),
                                 tick_seconds=tick_seconds)

@@ -121,8 +121,9 @@ class Judge:
             return ClauseResult(cid, "pass", reason=out.refused)
         if out.unsupported:
             return ClauseResult(cid, "skip", reason=out.unsupported)
-        got = "output that is not JSON" if out.broken else "a report"
-        return ClauseResult(cid, "fail", [Violation(cid, f"invalid input accepted: the implementation returned {got}")])
+        if out.broken:  # a timeout, crash or garbage: say what happened, not that it "accepted" the input
+            return ClauseResult(cid, "fail", [Violation(cid, f"invalid input not refused: {out.broken}")])
+        return ClauseResult(cid, "fail", [Violation(cid, "invalid input accepted: the implementation returned a report")])
 
 
 def first_difference(a: Any, b: Any, path: str = "") -> str | None:

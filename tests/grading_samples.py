@@ -14,3 +14,5 @@ _spec.loader.exec_module(_module)
 
 make_samples = _module.make_samples
 OVERLAYS = _module.OVERLAYS
+make_hostile = _module.make_hostile
+HOSTILE = _module.HOSTILE

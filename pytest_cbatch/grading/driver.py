@@ -1,7 +1,7 @@
 """``cbatch grade``: grade a folder of submissions (or one, on Gradescope) in parallel worker processes.
 
-    cbatch grade SUBMISSIONS_DIR --out OUT [--rubric rubric.toml] [--traces DIR] [--jobs N]
-    cbatch grade --gradescope [--rubric rubric.toml] [--traces DIR]
+    cbatch grade SUBMISSIONS_DIR --out OUT [--rubric rubric.toml] [--traces DIR] [--jobs N] [--sandbox MODE]
+    cbatch grade --gradescope [--rubric rubric.toml] [--traces DIR] [--sandbox MODE]
 
 A submission is each ``.py`` file of SUBMISSIONS_DIR, or each folder holding
 ``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file; its
@@ -10,8 +10,12 @@ name is the file stem or folder name.  Each gets ``OUT/<name>/results.json``
 before it is written) and a row of ``OUT/summary.csv``.  ``OUT/<name>/`` is
 emptied first, so nothing of an earlier run survives.  A submission that
 breaks the grader itself still gets a results.json saying so, and the run
-goes on.  Exit status: 0 when every submission was graded, 1 when the grader
-failed on one, 2 on bad input (rubric, traces, folders).
+goes on, every submission scored on the same tests.  The sandbox mode
+(``--sandbox``, else the rubric's ``[grading].sandbox``) is resolved once,
+before any submission runs: ``auto`` without a working bubblewrap prints
+what is not contained.  Exit status: 0 when every submission was graded, 1
+when the grader failed on one, 2 on bad input (rubric, traces, folders, a
+required bubblewrap that cannot run).
 """
 
 from __future__ import annotations
@@ -26,8 +30,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Sequence
 
-from ..sandbox import LoadSpec, submission_files
-from .evaluate import Submission, grade_submission
+from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .plan import Plan, build_plan
 from .results import SubmissionResult, TestResult, write_json, write_summary
 from .rubric import Rubric, load_rubric
@@ -69,24 +73,32 @@ def gradescope_submission(root: Path) -> Submission:
     return Submission("submission", str(folder), LoadSpec(str(folder), files))
 
 
-def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path) -> SubmissionResult:
+def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path, sandbox: str) -> SubmissionResult:
     """Worker entry: grade one submission, turning a grader crash into a results.json that says so."""
     if out_dir.exists():
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
+    start = time.monotonic()
     try:
-        result = grade_submission(submission, rubric, plan, out_dir)
+        result = grade_submission(submission, rubric, plan, out_dir, sandbox)
     except Exception as exc:  # a grader bug must not cost the other submissions their results
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
-        result = SubmissionResult(submission.name, [TestResult("grader.error", False, detail, tags=["grader"])],
-                                  f"the grader failed on this submission ({type(exc).__name__}: {exc}); "
-                                  f"report this to the course staff", 0.0, extra={"grader_error": True})
+        result = _grader_failure(submission.name, rubric, f"{type(exc).__name__}: {exc}", time.monotonic() - start)
+        result.output += "\n" + detail
     document = result.gradescope()
     issues = _schema_issues(document)
     if issues:
         raise RuntimeError(f"{submission.name}: results.json would not validate: {issues[0]}")
     write_json(out_dir / "results.json", document)
     return result
+
+
+def _grader_failure(name: str, rubric: Rubric, what: str, seconds: float) -> SubmissionResult:
+    """Every test of the run at 0, saying the grader (not the submission) failed."""
+    tests = unjudged(rubric, f"the grader failed on this submission ({what}); report this to the course staff")
+    apply_rubric(tests, rubric)
+    return SubmissionResult(name, tests, f"the grader failed on this submission ({what}); report this to the "
+                            f"course staff", seconds, extra={"grader_error": True})
 
 
 def _schema_issues(document: dict) -> list[str]:
@@ -96,20 +108,22 @@ def _schema_issues(document: dict) -> list[str]:
 
 
 def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-              progress: bool = True) -> list[SubmissionResult]:
-    """Grade ``submissions`` in ``jobs`` worker processes; write results and ``out/summary.csv``."""
+              progress: bool = True, sandbox: str = "auto") -> list[SubmissionResult]:
+    """Grade ``submissions`` in ``jobs`` worker processes; write results and ``out/summary.csv``.
+
+    ``sandbox``: the mode, best resolved once beforehand (``sandbox_mode``) so workers do not each warn.
+    """
     out.mkdir(parents=True, exist_ok=True)
     results: list[SubmissionResult] = []
     start = time.monotonic()
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_grade_one, s, rubric, plan, out / s.name): s for s in submissions}
+        futures = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s for s in submissions}
         for done, future in enumerate(as_completed(futures), start=1):
             sub = futures[future]
             try:
                 result = future.result()
             except Exception as exc:
-                result = SubmissionResult(sub.name, [], f"grader failure: {type(exc).__name__}: {exc}", 0.0,
-                                          extra={"grader_error": True})
+                result = _grader_failure(sub.name, rubric, f"{type(exc).__name__}: {exc}", 0.0)
             results.append(result)
             if progress:
                 _progress(done, len(submissions), result, time.monotonic() - start)
@@ -136,8 +150,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gradescope", action="store_true",
                         help=f"grade {GRADESCOPE_ROOT}/submission into {GRADESCOPE_ROOT}/results/results.json")
     parser.add_argument("--gradescope-root", default=GRADESCOPE_ROOT, help=argparse.SUPPRESS)
+    parser.add_argument("--sandbox", choices=SANDBOX_MODES, default=None,
+                        help="auto: bubblewrap when it works here, else plain processes with a notice; bwrap: "
+                             "required (grading fails without it); process: never (default: the rubric's "
+                             "[grading].sandbox, shipped as auto)")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
+
+
+def sandbox_mode(requested: str | None, rubric: Rubric) -> str:
+    """The mode to grade in (``bwrap`` or ``process``); prints the not-contained notice once; ValueError if refused.
+
+    A rubric that requires bwrap cannot be relaxed from the command line.
+    """
+    if rubric.sandbox == "bwrap" and requested not in (None, "bwrap"):
+        raise ValueError(f"{rubric.source} requires sandbox = \"bwrap\"; --sandbox={requested} cannot relax it")
+    mode, notice = resolve_mode(requested or rubric.sandbox)
+    if notice:
+        print(notice, file=sys.stderr, flush=True)
+    return mode
 
 
 def main(argv: Sequence[str]) -> int:
@@ -158,15 +189,16 @@ def main(argv: Sequence[str]) -> int:
             submissions, out = discover(folder), Path(args.out)
             if not submissions:
                 raise ValueError(f"{folder}: no submission found (.py files or folders holding them)")
+        sandbox = sandbox_mode(args.sandbox, rubric)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if args.gradescope:
-        result = _grade_one(submissions[0], rubric, plan, out / "_grading")
+        result = _grade_one(submissions[0], rubric, plan, out / "_grading", sandbox)
         shutil.move(str(out / "_grading" / "results.json"), out / "results.json")
         print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")
         return 1 if result.extra.get("grader_error") else 0
-    results = grade_all(submissions, rubric, plan, out, args.jobs, progress=not args.quiet)
+    results = grade_all(submissions, rubric, plan, out, args.jobs, progress=not args.quiet, sandbox=sandbox)
     for result in sorted(results, key=lambda r: r.name):
         print(f"{result.name}: {result.score:g}/{result.max_score:g}")
     print(f"{len(results)} submissions -> {out / 'summary.csv'}")

@@ -3,7 +3,9 @@
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
 passes on every workload it ran on), one per lifecycle clause and one per
-numeric check that ran.  A failed test's output holds the explanation, the
+numeric check and dtype, as far as the rubric's ``parts`` include them: the
+same tests (``rubric_tests``) for every submission, so every total is the same;
+a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
 minimal trace and a replay command that works from the student's folder; the
 failing trace is written next to results.json.  Hidden workloads count like
 the others, but when the rubric marks them hidden, student-visible output
@@ -19,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from ..explain import explain_failure, trace_jsonl
-from ..impls import ImplementationError
+from ..impls import Implementation, ImplementationError
 from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
 from ..sandbox import IsolatedImplementation, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
-__all__ = ["Submission", "grade_submission"]
+__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "rubric_tests", "unjudged"]
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
@@ -48,39 +50,63 @@ class _Tally:
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
 
 
-def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path) -> SubmissionResult:
-    """Grade ``submission``; writes failing traces (and hidden-failures.txt) under ``out_dir``."""
+def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path,
+                     sandbox: str = "auto") -> SubmissionResult:
+    """Grade ``submission``; writes failing traces (and hidden-failures.txt) under ``out_dir``.
+
+    ``sandbox`` is the sandbox mode (``auto``, ``bwrap`` or ``process``).  The
+    result holds exactly ``rubric_tests(rubric)``, whatever the submission did.
+    """
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
     try:
         impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                      label=f"submission {submission.name!r}")
+                                      label=f"submission {submission.name!r}", mode=sandbox)
     except ImplementationError as exc:
         message = str(exc).split(": ", 1)[-1]
-        tests = [TestResult(name, False, f"not judged: the submission could not be loaded.\n{message}")
-                 for name in _all_test_names(plan, rubric)]
-        return _finish(submission, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+        tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
+        return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+    notes[0] += (", contained by bubblewrap" if impl.sandbox.mode == "bwrap"
+                 else ", NOT contained (no bubblewrap on the grading machine)")
     try:
-        source = impl.sources.get("simulate", submission.name)
-        replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
-        hidden_log: list[str] = []
-        tests = _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
-        tests += _lifecycle_tests(impl.namespace, rubric, notes)
-        tests += _numeric_tests(impl, rubric, notes)
+        return grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start)
     finally:
         impl.close()
+
+
+def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: Plan, out_dir: Path,
+                         notes: list[str] | None = None, start: float | None = None) -> SubmissionResult:
+    """Grade an already loaded implementation (the sandboxed one of ``grade_submission``, or any other).
+
+    Only ``grade_submission`` keeps the grader safe from the code it grades;
+    this is the judging it shares with, e.g., an in-process baseline.
+    """
+    start = time.monotonic() if start is None else start
+    notes = [f"{name}: graded by pytest-cbatch", plan.generation] if notes is None else notes
+    source = getattr(impl, "sources", {}).get("simulate", name)
+    replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
+    hidden_log: list[str] = []
+    tests: list[TestResult] = []
+    if "scheduler" in rubric.parts and impl.fn is None:
+        absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
+        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent) for c in ALL_CLAUSES]
+    elif "scheduler" in rubric.parts:
+        tests += _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
+    if "lifecycle" in rubric.parts:
+        tests += _lifecycle_tests(impl.namespace, rubric, notes)
+    if "numerics" in rubric.parts:
+        tests += _numeric_tests(impl, rubric, notes)
     if hidden_log:
         (out_dir / "hidden-failures.txt").write_text("\n\n".join(hidden_log) + "\n", encoding="utf-8")
-    return _finish(submission, rubric, tests, notes, start)
+    return _finish(name, rubric, tests, notes, start)
 
 
-def _finish(submission: Submission, rubric: Rubric, tests: list[TestResult], notes: list[str],
-            start: float) -> SubmissionResult:
-    for test in tests:
-        rule = rubric.rule_for(test.name)
-        test.max_score, test.visibility = rule.points, rule.visibility
-    result = SubmissionResult(submission.name, tests, "", time.monotonic() - start,
+def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float) -> SubmissionResult:
+    expected = rubric_tests(rubric)
+    assert [t.name for t in tests] == expected, "every submission of a run is graded on the same tests"
+    apply_rubric(tests, rubric)
+    result = SubmissionResult(name, tests, "", time.monotonic() - start,
                               extra={"seed": rubric.seed, "rubric": Path(rubric.source).name})
     failed = [t.name for t in tests if not t.passed and t.max_score]
     notes.append(f"score {result.score:g} / {result.max_score:g}"
@@ -89,10 +115,36 @@ def _finish(submission: Submission, rubric: Rubric, tests: list[TestResult], not
     return result
 
 
-def _all_test_names(plan: Plan, rubric: Rubric) -> list[str]:
+def rubric_tests(rubric: Rubric) -> list[str]:
+    """The tests of every submission graded under ``rubric`` on this machine, in order.
+
+    ``[grading].parts`` selects the parts; numeric checks count where the
+    rubric asks for them and torch is installed (the same for every submission).
+    """
     from ..lifecycle import LIFECYCLE_CLAUSES
 
-    return [f"contract.{c}" for c in ALL_CLAUSES] + list(LIFECYCLE_CLAUSES)
+    names: list[str] = []
+    if "scheduler" in rubric.parts:
+        names += [f"contract.{c}" for c in ALL_CLAUSES]
+    if "lifecycle" in rubric.parts:
+        names += list(LIFECYCLE_CLAUSES)
+    if "numerics" in rubric.parts:
+        names += _numeric_names(rubric)
+    return names
+
+
+def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
+    """Give each test its points and visibility; a test not judged says why and what it cost."""
+    for test in tests:
+        rule = rubric.rule_for(test.name)
+        test.max_score, test.visibility = rule.points, rule.visibility
+        if test.unjudged is not None:
+            test.output = f"not judged: {test.unjudged}\n(0 of {rule.points:g} points)"
+
+
+def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
+    """Every test of ``rubric``, not judged for ``reason`` (a submission that could not be graded at all)."""
+    return [TestResult(name, False, "", tags=[name.split(".")[0]], unjudged=reason) for name in rubric_tests(rubric)]
 
 
 # ------------------------------------------------------------------ contract
@@ -125,7 +177,7 @@ def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, o
     tags = ["contract"]
     if not tally.ran:
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
-        return TestResult(name, False, f"not judged: skipped on every workload ({reason})", tags=tags)
+        return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
     if not tally.failed:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})", tags=tags)
@@ -175,7 +227,7 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
 
 
 def _lifecycle_tests(namespace: Any, rubric: Rubric, notes: list[str]) -> list[TestResult]:
-    from ..lifecycle import LIFECYCLE_CLAUSES, PARTS, missing_parts
+    from ..lifecycle import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, missing_parts
 
     merged: dict[str, tuple[str, str]] = {}
     missing = missing_parts(namespace)
@@ -189,13 +241,36 @@ def _lifecycle_tests(namespace: Any, rubric: Rubric, notes: list[str]) -> list[T
                 merged[cid] = (status, f"[{part}] {message}".rstrip())
     tests = []
     for cid in LIFECYCLE_CLAUSES:
-        status, message = merged.get(cid, ("skip", "not judged: no lifecycle part of this submission covers it"))
-        text = {"pass": "passed", "fail": "failed", "skip": "not judged", "error": "not judged (error)"}[status]
+        if cid not in merged:  # every part that judges it is absent from this submission
+            parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
+            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=_absent(parts, namespace)))
+            continue
+        status, message = merged[cid]
+        if status == "skip":
+            reason = message.replace("not judged: ", "", 1)
+            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=reason))
+            continue
+        text = {"pass": "passed", "fail": "failed", "error": "not judged (the run broke down)"}[status]
         tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"]))
     return tests
 
 
 _RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}
+_HOME_FILE = {"PagedKV": "scheduler_sim.py", "RecomputeRequest": "scheduler_faults.py",
+              "TransferManager": "scheduler_faults.py"}
+
+
+def _absent(parts: list[str], namespace: Any) -> str:
+    """Which classes the submission lacks for ``parts``, and the file of the published layout that holds them."""
+    from ..lifecycle import PARTS
+
+    wanted = dict.fromkeys(n for p in parts for n in ("PagedKV", PARTS[p]))
+    absent = [n for n in wanted if not callable(getattr(namespace, n, None))]
+    where = "; ".join(f"{n} (the published layout defines it in {_HOME_FILE[n]})" for n in absent)
+    return (f"this submission has no {where}, which the lifecycle "
+            f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} need"
+            f"{'' if len(parts) > 1 else 's'}. A course whose assignment has no lifecycle part leaves it out "
+            f"of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 points)")
 
 
 def _part_verdicts(part: str, namespace: Any, examples: int) -> dict[str, tuple[str, str]]:
@@ -214,43 +289,54 @@ def _part_verdicts(part: str, namespace: Any, examples: int) -> dict[str, tuple[
 # ------------------------------------------------------------------ numerics
 
 
-def _numeric_tests(impl: IsolatedImplementation, rubric: Rubric, notes: list[str]) -> list[TestResult]:
+def _numeric_names(rubric: Rubric) -> list[str]:
     if rubric.numerics == "off":
-        notes.append("numeric checks: off in the rubric")
         return []
     try:
-        from ..gpu_checks.checks import run_schedule_checks
-    except ImportError as exc:
-        notes.append(f"numeric checks: skipped, torch is not installed ({exc})")
+        from ..gpu_checks.checks import SCHEDULE_CHECKS
+    except ImportError:  # no torch: left out for every submission alike
         return []
+    return [f"numerics.{check}.{dtype}" for dtype in rubric.numerics_dtypes for check in SCHEDULE_CHECKS]
+
+
+def _numeric_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> list[TestResult]:
+    names = _numeric_names(rubric)
+    if not names:
+        notes.append("numeric checks: off in the rubric" if rubric.numerics == "off"
+                     else "numeric checks: skipped, torch is not installed")
+        return []
+    from ..gpu_checks.checks import SCHEDULE_CHECKS, run_schedule_checks
     from ..gpu_checks.schedules import SUITE_WORKLOADS
     from ..reference.scheduler_sim import demo_trace
     from ..workloads import BASE_CONFIG
 
     workloads = {"demo": (demo_trace(), dict(BASE_CONFIG)),
                  **{name: (list(w.trace), w.config) for name, w in SUITE_WORKLOADS.items()}}
-    found: dict[str, list[str]] = {}
-    passed: dict[str, bool] = {}
+    found: dict[str, list[str]] = {name: [] for name in names}
+    passed: dict[str, bool] = dict.fromkeys(names, True)
     for dtype in rubric.numerics_dtypes:
+        keys = [f"numerics.{check}.{dtype}" for check in SCHEDULE_CHECKS]
         for wname in rubric.numerics_workloads:
             trace, config = workloads[wname]
             outcome = impl.run(trace, config)
+            failure = None
             if outcome.report is None:
-                reason = outcome.unsupported or outcome.refused or outcome.broken
-                found.setdefault(f"numerics.{dtype}", []).append(f"{wname}: no report ({reason})")
-                passed[f"numerics.{dtype}"] = False
-                continue
-            try:
-                results = run_schedule_checks(trace, outcome.report, dtype=dtype, device="cpu", preset="tiny",
-                                              block_size=config["block_size"], workload=wname)
-            except Exception as exc:  # the report cannot be executed (ScheduleError and kin): the check fails
-                found.setdefault(f"numerics.{dtype}", []).append(f"{wname}: {type(exc).__name__}: {exc}")
-                passed[f"numerics.{dtype}"] = False
-                continue
-            for r in results:
-                key = f"numerics.{r.name}.{dtype}"
-                passed[key] = passed.get(key, True) and r.passed
-                found.setdefault(key, []).append(r.summary())
+                failure = f"{wname}: no report ({outcome.unsupported or outcome.refused or outcome.broken})"
+            else:
+                try:
+                    results = run_schedule_checks(trace, outcome.report, dtype=dtype, device="cpu", preset="tiny",
+                                                  block_size=config["block_size"], workload=wname)
+                except Exception as exc:  # the report cannot be executed (ScheduleError and kin): the checks fail
+                    failure = f"{wname}: the report cannot be executed: {type(exc).__name__}: {exc}"
+                else:
+                    for r in results:
+                        key = f"numerics.{r.name}.{dtype}"
+                        passed[key] = passed[key] and r.passed
+                        found[key].append(r.summary())
+            if failure is not None:
+                for key in keys:
+                    passed[key] = False
+                    found[key].append(failure)
     notes.append(f"numeric checks: {', '.join(rubric.numerics_dtypes)} on {', '.join(rubric.numerics_workloads)} "
                  f"(tiny preset, CPU)")
-    return [TestResult(key, passed[key], "\n".join(lines), tags=["numerics"]) for key, lines in found.items()]
+    return [TestResult(key, passed[key], "\n".join(found[key]), tags=["numerics"]) for key in names]

@@ -14,7 +14,11 @@ __all__ = ["SubmissionResult", "TestResult", "write_json", "write_summary"]
 
 @dataclass
 class TestResult:
-    """One Gradescope test: ``name`` as the rubric matches it, ``passed`` or not, its output text."""
+    """One Gradescope test: ``name`` as the rubric matches it, ``passed`` or not, its output text.
+
+    ``unjudged`` says why the test could not be judged on this submission (it
+    then scores 0; the output is written from it once the points are known).
+    """
 
     name: str
     passed: bool
@@ -22,6 +26,7 @@ class TestResult:
     max_score: float = 0.0
     visibility: str = "visible"
     tags: list[str] = field(default_factory=list)
+    unjudged: str | None = None
 
     @property
     def score(self) -> float:

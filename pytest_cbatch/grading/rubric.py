@@ -10,6 +10,8 @@ shipped ``default_rubric.toml``)::
     numerics = "auto"          # "auto" (when torch is importable) or "off"
     numerics_workloads = ["demo"]
     numerics_dtypes = ["float64"]
+    parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
+    sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -23,8 +25,12 @@ shipped ``default_rubric.toml``)::
     "contract.*" = { points = 2, visibility = "visible" }
     "lifecycle.*" = { points = 1 }
 
-Test names are ``contract.<clause>``, ``lifecycle.<clause>`` (the lifecycle
-clause ids already start with ``lifecycle.``) and ``numerics.<check>``.
+Test names are ``contract.<clause>`` (part ``scheduler``), ``lifecycle.<clause>``
+(the lifecycle clause ids already start with ``lifecycle.``; part
+``lifecycle``) and ``numerics.<check>.<dtype>`` (part ``numerics``).  Every
+submission of a run is scored on the same tests; a test its layout cannot
+answer (no ``TransferManager``, say) scores 0 and says which class and file
+are missing and the points at stake.
 Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
 ``after_published``.
 """
@@ -38,18 +44,19 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..sandbox import Limits
+from ..sandbox import SANDBOX_MODES, Limits
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
+__all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
+PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str}
 
 
 @dataclass(frozen=True)
@@ -72,6 +79,8 @@ class Rubric:
     numerics: str = "auto"
     numerics_workloads: tuple[str, ...] = ("demo",)
     numerics_dtypes: tuple[str, ...] = ("float64",)
+    parts: tuple[str, ...] = PARTS
+    sandbox: str = "auto"
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -129,6 +138,12 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         out[key] = tuple(value) if kind is list else value
     if out.get("numerics", "auto") not in ("auto", "off"):
         raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
+    parts = out.get("parts", PARTS)
+    if not parts or set(parts) - set(PARTS):
+        raise ValueError(f"{source}: [grading].parts must name one or more of {', '.join(PARTS)}, got {list(parts)}")
+    if out.get("sandbox", "auto") not in SANDBOX_MODES:
+        raise ValueError(f"{source}: [grading].sandbox must be one of {', '.join(SANDBOX_MODES)}, "
+                         f"got {out['sandbox']!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

@@ -6,13 +6,16 @@ submission patches, it patches in this process alone, and every verdict is
 computed in the parent.  The same module gives the parent the value codec.
 
 CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
-(``resource`` names to ``[soft, hard]``) and ``load``: ``folder`` (put first
+(``resource`` names to ``[soft, hard]``), ``home`` (made if missing),
+``copy_from`` (inside bubblewrap: the read-only submission, copied into the
+load folder, which becomes the working directory) and ``load``: ``folder`` (put first
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
 module, or null).  The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
-one reply line: ``{"ok": value}``, ``{"raised": {type, builtin, message}}``,
+one reply line: ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``: see
+``Server.snapshot``), ``{"raised": {type, builtin, message}}``,
 ``{"unsupported": message}`` (simulate raised NotImplementedError),
 ``{"exited": code}`` (SystemExit) or ``{"memory": message}`` (MemoryError out
 of simulate).  Values are JSON with tags: ``{"$tuple": [...]}``,
@@ -24,21 +27,39 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import functools
 import importlib.util
 import inspect
 import json
 import numbers
 import os
 import resource
+import shutil
 import sys
 import traceback
+import types
 from typing import Any, Callable
 
 PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
+SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
+
+
+_PLAIN = (type(None), bool, int, float, str)
 
 
 def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
     """Tagged JSON for ``value``; ``handle(obj)`` encodes an object that is not plain data."""
+    kind = type(value)
+    if kind in _PLAIN:  # the common cases first: the ABC checks below are slow
+        return value
+    if kind is list:
+        return [encode(v, handle) for v in value]
+    if kind is dict:
+        return {"$dict": [[encode(k, handle), encode(v, handle)] for k, v in value.items()]}
+    if kind is tuple:
+        return {"$tuple": [encode(v, handle) for v in value]}
+    if kind is set or kind is frozenset:
+        return {"$set": [encode(v, handle) for v in value]}
     if value is None or isinstance(value, (bool, str)):
         return value
     if isinstance(value, numbers.Integral):
@@ -140,6 +161,9 @@ class Server:
             on_class = inspect.getattr_static(type(target), name, None)
             if inspect.isfunction(on_class) and name not in getattr(target, "__dict__", {}):
                 return {"ok": None, "method": True}
+            snap = self.snapshot(target)
+            if snap is not None and name in snap[request["target"]["$handle"]]:
+                return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
             return {"ok": self.out(getattr(target, name))}
         if op == "dunder":
             name = request["name"]
@@ -147,6 +171,37 @@ class Server:
                 return {"ok": self.out(list(target))}
             return {"ok": self.out(getattr(target, name)(*args))}
         raise ValueError(f"unknown op {op!r}")
+
+    def snapshot(self, root: Any) -> dict[int, dict[str, Any]] | None:
+        """The plain instance attributes of ``root``, of every object the parent holds, and of the objects
+        they reach (up to SNAPSHOT_OBJECTS).
+
+        ``{handle: {name: encoded value}}``: what ``getattr`` would return for
+        each name, sent in one reply so the parent reads them without a round
+        trip each until its next call (a call may change them).  Only
+        ``__dict__`` entries no data descriptor shadows and set ``__slots__``,
+        of objects whose class keeps the default ``__getattribute__``; None
+        when there are none.
+        """
+        found: list[Any] = []
+
+        def handle(obj: Any) -> dict[str, Any]:
+            tag = self.handle(obj)
+            found.append((tag["$handle"], obj))
+            return tag
+
+        snap: dict[int, dict[str, Any]] = {}
+        handle(root)
+        found += list(self.objects.items())
+        while found and len(snap) < SNAPSHOT_OBJECTS:
+            number, obj = found.pop(0)
+            if number in snap:
+                continue
+            attrs = _plain_attributes(obj)
+            if attrs is None:
+                continue
+            snap[number] = {name: encode(value, handle) for name, value in attrs.items()}
+        return snap or None
 
     def simulate(self, trace: list[Any], config: dict[str, Any]) -> dict[str, Any]:
         before = json.dumps([trace, config], sort_keys=True)
@@ -161,6 +216,42 @@ class Server:
             reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
             reply["config"] = json.loads(json.dumps(config, default=_json_default))
         return reply
+
+
+def _plain_attributes(obj: Any) -> dict[str, Any] | None:
+    """``obj``'s instance attributes that plain ``getattr`` reads straight from ``__dict__``, or None."""
+    cls = type(obj)
+    if inspect.isclass(obj) or callable(obj) or cls.__getattribute__ is not object.__getattribute__:
+        return None
+    out = {}
+    for name, member in _slot_members(cls):  # read through their member descriptors, which run no code
+        try:
+            out[name] = member.__get__(obj, cls)
+        except AttributeError:  # an unset slot: getattr raises, so leave it to a real getattr
+            pass
+    attrs = getattr(obj, "__dict__", None)
+    for name, value in (attrs.items() if isinstance(attrs, dict) else ()):
+        if not _shadowed(cls, name):
+            out[name] = value
+    return out if out or isinstance(attrs, dict) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _slot_members(cls: type) -> tuple[tuple[str, Any], ...]:
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        for name in klass.__dict__.get("__slots__", ()):
+            member = klass.__dict__.get(name)
+            if isinstance(member, types.MemberDescriptorType) and inspect.getattr_static(cls, name, None) is member:
+                found.setdefault(name, member)
+    return tuple(found.items())
+
+
+@functools.lru_cache(maxsize=65536)
+def _shadowed(cls: type, name: str) -> bool:
+    """Whether a data descriptor of ``cls`` (a property, say) wins over an instance attribute ``name``."""
+    on_class = inspect.getattr_static(cls, name, None)
+    return hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")
 
 
 def raised(exc: BaseException) -> dict[str, Any]:
@@ -216,6 +307,18 @@ def _apply_limits(limits: dict[str, list[int]]) -> None:
         resource.setrlimit(getattr(resource, name), (soft, hard))
 
 
+def _prepare(config: dict[str, Any]) -> None:
+    """The working directory: the submission copied in when it arrives read-only, then made current."""
+    os.makedirs(config["home"], exist_ok=True)
+    folder = config["load"].get("folder")
+    if config.get("copy_from"):
+        shutil.copytree(config["copy_from"], folder, symlinks=True)
+    elif folder:
+        os.makedirs(folder, exist_ok=True)
+    if folder:
+        os.chdir(folder)
+
+
 def main(argv: list[str]) -> int:
     config = json.loads(argv[1])
     _apply_limits(config["limits"])
@@ -227,6 +330,7 @@ def main(argv: list[str]) -> int:
         writer.flush()
 
     try:
+        _prepare(config)
         names, described = load(config["load"])
     except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
         tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]

@@ -19,8 +19,10 @@ class Limits:
     one lifecycle method call, or the start-up import); ``cpu_seconds``,
     ``memory_mb`` (address space), ``processes`` and ``file_mb`` (largest file
     written) are ``setrlimit`` limits of the child process, which is restarted
-    after any failure; ``output_kb`` bounds what it may print in all (stdout
-    and stderr together) before it is killed; ``reply_mb`` bounds one reply.
+    after any failure (inside bubblewrap ``processes`` counts the sandbox's
+    own processes, and binds a root grader too); ``output_kb`` bounds what it
+    may print in all (stdout and stderr together) before it is killed;
+    ``reply_mb`` bounds one reply.
     After ``max_failures`` consecutive failed calls of one kind (simulate or
     lifecycle objects) the rest of that kind fail at once instead of each
     waiting out its limit; ``submission_seconds`` caps the wall time of all

@@ -7,7 +7,9 @@ flood of output, a reply that is not one JSON line, or a submission whose
 previous calls of that family all failed (the breaker).  The child runs in a
 fresh temporary working directory holding a copy of the submission, with a
 scrubbed environment, its own session (killed as a whole), and rlimits it
-applies to itself before importing anything of the submission.
+applies to itself before importing anything of the submission; in ``bwrap``
+mode it also runs inside bubblewrap (see ``bwrap``).  ``Sandbox._command`` is
+the one place the child's command line is built.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .bwrap import Confinement, confine, resolve_mode
 from .limits import Limits, child_environment
 
-__all__ = ["LoadSpec", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
+__all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
 
 CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
 _COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
@@ -40,6 +44,19 @@ _SIGNALS = {
     signal.SIGSEGV: "crashed (SIGSEGV)",
     signal.SIGABRT: "aborted (SIGABRT)",
 }
+
+
+class NotContained(UserWarning):
+    """Warned once per process when ``auto`` mode finds no working bubblewrap (see ``bwrap.not_contained_notice``)."""
+
+
+_warned: list[str] = []
+
+
+def _announce(notice: str) -> None:
+    if not _warned:
+        _warned.append(notice)
+        warnings.warn(notice, NotContained, stacklevel=3)
 
 
 class SandboxFailure(Exception):
@@ -84,10 +101,15 @@ class _Output:
 class Sandbox:
     """A restartable child process running one submission; see the module docstring."""
 
-    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission") -> None:
+    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto") -> None:
+        """``mode``: ``auto``, ``bwrap`` or ``process`` (see ``bwrap.resolve_mode``; ValueError if bwrap is
+        required and cannot run); ``self.mode`` is the one in use."""
         self.load = load
         self.limits = limits
         self.label = label
+        self.mode, notice = resolve_mode(mode)
+        if notice:
+            _announce(notice)
         self.generation = 0          # bumped on every start, so stale handles are recognised
         self.description: dict[str, Any] | None = None
         self.seconds_used = 0.0
@@ -120,18 +142,17 @@ class Sandbox:
             os.mkdir(work)
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
-        config = {
-            "rpc_in": p2c_r, "rpc_out": c2p_w, "limits": self.limits.rlimits(),
-            "load": {"folder": work if self.load.folder else None,
-                     "files": [os.path.join(work, f) for f in self.load.files],
-                     "modules": list(self.load.modules), "attr": self.load.attr},
-        }
         try:
+            argv, preexec, cwd, env = self._command(work, home, {"rpc_in": p2c_r, "rpc_out": c2p_w})
             self._proc = subprocess.Popen(
-                [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)], cwd=work, env=child_environment(home),
+                argv, cwd=cwd, env=env, preexec_fn=preexec,
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 pass_fds=(p2c_r, c2p_w), start_new_session=True,
             )
+        except OSError as exc:
+            os.close(p2c_w)
+            os.close(c2p_r)
+            raise SandboxFailure("load", f"cannot start the {self.label}'s sandbox ({self.mode}): {exc}") from None
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
@@ -151,6 +172,29 @@ class Sandbox:
         if not isinstance(self.description, dict):
             self.kill()
             raise SandboxFailure("garbage", f"the {self.label}'s start-up reply is not a description: {reply!r:.200}")
+
+    def _command(self, work: str, home: str, fds: dict[str, int]
+                 ) -> tuple[list[str], Any, str, dict[str, str]]:
+        """``(argv, preexec_fn, cwd, env)`` of the child: ``python -I child.py CONFIG``, in bubblewrap or not."""
+        confinement: Confinement | None = None
+        if self.mode == "bwrap":
+            assert self._dir is not None
+            copied = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(work) for f in fs
+                         if not os.path.islink(os.path.join(r, f)))
+            tmpfs_mb = 4 * self.limits.file_mb + (copied >> 20) + 1
+            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules)
+            work, home = confinement.work, confinement.home
+        config = {
+            **fds, "limits": self.limits.rlimits(), "home": home,
+            "copy_from": confinement.copy_from if confinement else None,
+            "load": {"folder": work if self.load.folder else None,
+                     "files": [os.path.join(work, f) for f in self.load.files],
+                     "modules": list(self.load.modules), "attr": self.load.attr},
+        }
+        argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
+        if confinement is None:
+            return argv, None, work, child_environment(home)
+        return [*confinement.prefix, *argv], confinement.preexec, "/", child_environment(home)
 
     def kill(self) -> None:
         """Kill the child's whole session and reap it; the next request starts a fresh child."""
@@ -218,6 +262,13 @@ class Sandbox:
         pending = memoryview(payload or b"")
         sel = self._selector
         assert sel is not None
+        if pending:  # a request usually fits the pipe at once: write it now, wait for room only if not
+            try:
+                pending = pending[os.write(self._rpc_out, pending):]
+            except BlockingIOError:
+                pass
+            except BrokenPipeError:
+                raise self._died() from None
         if pending:
             sel.register(self._rpc_out, selectors.EVENT_WRITE, "write")
         try:
@@ -277,9 +328,12 @@ class Sandbox:
     def _died(self) -> SandboxFailure:
         assert self._proc is not None
         try:
-            code = self._proc.wait(timeout=min(2.0, self.limits.call_seconds))
+            # It is exiting: a loaded machine may take seconds to get there, and its status says what happened.
+            code = self._proc.wait(timeout=min(10.0, self.limits.call_seconds))
         except subprocess.TimeoutExpired:
             return SandboxFailure("died", f"the {self.label} closed its RPC channel" + self._output.tail_note())
+        if self.mode == "bwrap" and code > 128:  # bubblewrap reports a child killed by signal N as 128 + N
+            code = 128 - code
         if code < 0:
             try:
                 what = _SIGNALS.get(signal.Signals(-code), f"was killed by {signal.Signals(-code).name}")

@@ -51,10 +51,35 @@ class _Channel:
         self.dropped: list[int] = []
         self.methods: set[tuple[str, str]] = set()  # (type, name) known to be plain methods
         self.live: weakref.WeakValueDictionary[tuple[int, int], RemoteObject] = weakref.WeakValueDictionary()
+        # Attribute snapshots from the child (see child.Server.snapshot), valid until the next request that
+        # may change something: any call, and any request that releases handles.
+        self.snaps: dict[int, dict[str, Any]] = {}
+        self.snap_generation = 0
+
+    def cached(self, handle: int, generation: int, name: str) -> tuple[bool, Any]:
+        """``(True, value)`` when a current snapshot holds ``name`` of object ``handle``."""
+        attrs = self.snaps.get(handle) if generation == self.snap_generation == self.sandbox.generation else None
+        if attrs is None or name not in attrs:
+            return False, None
+        return True, decode(attrs[name], self.proxy)
+
+    def _forget_snapshots(self) -> None:
+        """Drop the snapshots, and release the child's handles that only they referred to."""
+        generation = self.snap_generation
+        for handle in self.snaps if generation == self.sandbox.generation else ():
+            if (generation, handle) not in self.live and handle not in self.dropped:
+                self.dropped.append(handle)
+        self.snaps = {}
 
     def ask(self, message: dict[str, Any], generation: int | None = None) -> dict[str, Any]:
+        if message["op"] != "getattr" or self.dropped:
+            self._forget_snapshots()
         message["drop"], self.dropped = self.dropped, []
         reply = self.sandbox.request(message, "lifecycle", generation)
+        if "snap" in reply:
+            if self.snap_generation != self.sandbox.generation:
+                self.snaps, self.snap_generation = {}, self.sandbox.generation
+            self.snaps.update({int(k): v for k, v in reply["snap"].items()})
         if "raised" in reply:
             raise remote_error(reply["raised"])
         if "exited" in reply:
@@ -116,6 +141,9 @@ class RemoteObject:
         channel = self._channel
         if (self._type, name) in channel.methods:
             return _RemoteMethod(self, name)
+        hit, value = channel.cached(self._handle, self._generation, name)
+        if hit:
+            return value
         reply = channel.ask({"op": "getattr", "target": {"$handle": self._handle}, "name": name}, self._generation)
         if reply.get("method"):
             channel.methods.add((self._type, name))
@@ -227,10 +255,15 @@ class IsolatedImplementation(Implementation):
 
     unsupported_reason = PythonImplementation.unsupported_reason
 
-    def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission") -> None:
+    def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
+                 mode: str = "auto") -> None:
+        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``)."""
         self.spec = spec
         self.limits = limits
-        self.sandbox = Sandbox(load, limits, label)
+        try:
+            self.sandbox = Sandbox(load, limits, label, mode)
+        except ValueError as exc:
+            raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
         try:
             info = self.sandbox.describe()
@@ -238,7 +271,8 @@ class IsolatedImplementation(Implementation):
             self.sandbox.close()
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         self.sources: dict[str, str] = dict(info.get("sources", {}))
-        self.source = f"isolated child process ({limits.describe()})"
+        contained = "in bubblewrap" if self.sandbox.mode == "bwrap" else "not contained: no bubblewrap"
+        self.source = f"isolated child process ({contained}; {limits.describe()})"
         signature = info.get("simulate")
         self.fn = _RemoteSimulate(self.sandbox) if signature else None
         self.accepted = set(signature["accepted"]) if signature else set()
