@@ -209,7 +209,7 @@ def _kinds(tally: _Tally, plan: Plan) -> str:
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
              write: bool = True) -> str:
     trace, original = [dict(line) for line in case.trace], len(case.trace)
-    if cid != "invalid_input_refused" and not judge.run(trace, case.config).outcome.broken:
+    if cid != "invalid_input_refused" and not ((out := judge.run(trace, case.config).outcome).broken or out.stopped):
         smaller = shrink_trace(judge, cid, trace, case.config, max_runs=40)
         retry = judge.judge(cid, smaller, case.config) if len(smaller) < len(trace) else None
         if retry is not None and retry.status == "fail":
@@ -321,7 +321,7 @@ def _numeric_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> li
             outcome = impl.run(trace, config)
             failure = None
             if outcome.report is None:
-                failure = f"{wname}: no report ({outcome.unsupported or outcome.refused or outcome.broken})"
+                failure = f"{wname}: no report ({outcome.unsupported or outcome.refused or outcome.stopped or outcome.broken})"
             else:
                 try:
                     results = run_schedule_checks(trace, outcome.report, dtype=dtype, device="cpu", preset="tiny",

@@ -18,7 +18,7 @@ import os
 import weakref
 from typing import Any, Mapping
 
-from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Unsupported
+from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
 from .child import decode, encode
 from .limits import Limits
 from .process import LoadSpec, Sandbox, SandboxFailure
@@ -231,6 +231,8 @@ class _RemoteSimulate:
         try:
             reply = self.sandbox.request({"op": "simulate", "trace": trace, "config": config}, "simulate")
         except SandboxFailure as exc:
+            if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
+                raise Stopped(str(exc)) from None
             raise BrokenOutput(str(exc)) from None
         if "unsupported" in reply:
             raise Unsupported(f"{self.sandbox.label} raised {reply['unsupported']}")
