@@ -60,7 +60,13 @@ from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trac
 from . import engine
 from .engine import EngineSettings
 
-__all__ = ["simulate", "engine_settings"]
+__all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE_LOGGERS"]
+
+# Read by the plugin: a bare ``pytest --cbatch-impl=vllm`` runs every workload that does not test the
+# delay at release_delay 0 (vLLM frees a request's blocks the moment it ends), and vLLM's own log
+# records below ERROR (its block-size advice, repeated per scheduler) stay out of failure reports.
+CBATCH_NATIVE_CONFIG = {"release_delay": 0}
+CBATCH_ENGINE_LOGGERS = ("vllm",)
 
 CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
 MAX_MODEL_LEN_LIMIT = 8192  # max_position_embeddings of the shipped tiny llama config
