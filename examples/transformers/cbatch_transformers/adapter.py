@@ -49,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from pytest_cbatch.engine_report import dispatch_event, engine_report, row_phase
 from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
 
 from .engine import MIN_PAGE_SIZE, TRANSFORMERS_VERSION, Engine, EngineSettings, finished
@@ -247,19 +248,11 @@ class _Run:
                    allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=tables)
 
     def _dispatch(self, t: int, batch: list[tuple[str, int, int, int]]) -> None:
-        rows = []
-        for rid, n, before, known in batch:
-            if self.emitted.get(rid) and before >= known - 1:
-                phase = "decode"       # feeds only the newest sampled token
-            elif rid in self.preempted:
-                phase = "recompute"    # a soft-reset request rebuilding the rows it lost
-            else:
-                phase = "prefill"
-            rows.append({"id": rid, "phase": phase, "input_tokens": n})
-        used = sum(row["input_tokens"] for row in rows)
+        rows = [(rid, row_phase(has_output=bool(self.emitted.get(rid)), before=before, known=known,
+                                preempted=rid in self.preempted), n) for rid, n, before, known in batch]
         self.dispatches += 1
-        self.fed += used
-        self._emit(t, "dispatch", work=rows, unused_budget=self.config["token_budget"] - used)
+        self.fed += sum(n for _, _, n in rows)
+        self.events.append(dispatch_event(t, rows, self.config["token_budget"]))
 
     def _output(self, t: int, output: Any) -> None:
         rid = output.request_id
@@ -275,34 +268,6 @@ class _Run:
                 self._emit(t, "release", rid)
 
     def report(self) -> dict[str, Any]:
-        requests: dict[str, dict[str, Any]] = {}
-        for rid, line in self.arrivals.items():
-            mine = [ev for ev in self.events if ev.get("id") == rid]
-            times = [ev["time"] for ev in mine if ev["event"] == "token"]
-            admitted = next((ev["time"] for ev in mine if ev["event"] == "admit"), None)
-            end = next(ev["time"] for ev in mine if ev["event"] in ("finished", "cancelled"))
-            requests[rid] = {
-                "status": self.status[rid], "arrival": line["time"], "admitted": admitted, "end": end,
-                "output_tokens": len(times), "token_times": times,
-                "queue_ticks": None if admitted is None else admitted - line["time"],
-                "ttft_ticks": times[0] - line["time"] if times else None,
-                "itl_ticks": [b - a for a, b in zip(times, times[1:])],
-            }
-        ended = list(self.status.values())
-        return {
-            "schema_version": 1,
-            "time_unit": "synthetic_tick",
-            "config": dict(self.config),
-            "requests": requests,
-            "events": self.events,
-            "summary": {
-                "drained_at_tick": self.events[-1]["time"] if self.events else 0,
-                "dispatches": self.dispatches,
-                "processed_input_tokens": self.fed,
-                "free_blocks": self.engine.free_blocks(),
-                "finished": ended.count("finished"),
-                "cancelled": ended.count("cancelled"),
-                "rejected": 0,
-                "engine": f"transformers {TRANSFORMERS_VERSION} ({self.scheduler_type})",
-            },
-        }
+        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.events,
+                             dispatches=self.dispatches, fed=self.fed, free_blocks=self.engine.free_blocks(),
+                             engine=f"transformers {TRANSFORMERS_VERSION} ({self.scheduler_type})")

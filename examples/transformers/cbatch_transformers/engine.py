@@ -36,7 +36,7 @@ from transformers.generation.continuous_batching.continuous_api import (  # noqa
 )
 from transformers.generation.continuous_batching.requests import GenerationOutput, RequestStatus  # noqa: E402
 
-__all__ = ["EngineSettings", "Engine", "TRANSFORMERS_VERSION", "SYNTHETIC_TOKEN", "MIN_PAGE_SIZE"]
+__all__ = ["EngineSettings", "Engine", "TRANSFORMERS_VERSION", "SYNTHETIC_TOKEN", "MIN_PAGE_SIZE", "finished"]
 
 TRANSFORMERS_VERSION: str = transformers.__version__
 # Every synthetic sample is this token; the requests have no end-of-sequence token (eos -1), so
@@ -161,7 +161,3 @@ class Engine:
 
 def finished(output: GenerationOutput) -> bool:
     return output.status == RequestStatus.FINISHED
-
-
-def failed(output: GenerationOutput) -> bool:
-    return output.status == RequestStatus.FAILED
