@@ -88,7 +88,8 @@ class CbatchState:
     artifacts: Path
     profile: str
     redirected: bool
-    overrides: dict[str, Any] = field(default_factory=dict)             # --cbatch-config
+    overrides: dict[str, Any] = field(default_factory=dict)             # native settings, then --cbatch-config
+    native: dict[str, Any] = field(default_factory=dict)                # the engine's CBATCH_NATIVE_CONFIG in effect
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
@@ -169,8 +170,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(suite_dir())]
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
-    state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected,
-                        overrides=_config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config")))
+    chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
+    native = _engine_native(impl, chosen)
+    state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected, overrides={**native, **chosen},
+                        native=native)
     config.stash[_STATE] = state
     _configure_last_resort(config, enabled=timeout > 0 and not _faulthandler_timeout(config))
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
@@ -224,6 +227,27 @@ def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
             raise pytest.UsageError(f"--cbatch-config {item!r}: {exc}") from None
         out[key] = value
     return out
+
+
+def _engine_native(impl: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """Apply what an engine adapter declares about itself (optional attributes of the object the SPEC
+    names): ``CBATCH_NATIVE_CONFIG``, the base settings it runs natively (e.g. ``{"release_delay": 0}``),
+    used like --cbatch-config for every workload that does not set them itself (an explicit
+    --cbatch-config wins); and ``CBATCH_ENGINE_LOGGERS``, logger names whose records below ERROR are
+    engine noise, kept out of failure reports.  Returns the native settings in effect."""
+    import logging
+
+    namespace = getattr(impl, "namespace", None)
+    for name in getattr(namespace, "CBATCH_ENGINE_LOGGERS", ()):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    declared = dict(getattr(namespace, "CBATCH_NATIVE_CONFIG", None) or {})
+    try:
+        from .reference.scheduler_sim import validate_config
+
+        validate_config(declared)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG {declared!r} is invalid: {exc}") from None
+    return {k: v for k, v in declared.items() if k not in chosen}
 
 
 def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:
@@ -379,6 +403,10 @@ class _Reporter:
             f"{part} {_counts_text(counts)}" + (f" (the whole module: {self.state.part_skips[part]})"
                                                 if part in self.state.part_skips else "")
             for part, counts in parts.items()))
+        if self.state.native:
+            settings = ", ".join(f"{k}={v}" for k, v in self.state.native.items())
+            tr.write_line(f"engine-native settings: {settings}, declared by {self.state.spec}, used by every workload "
+                          f"that does not test them (override with --cbatch-config)")
         if failed:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:

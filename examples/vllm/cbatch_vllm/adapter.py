@@ -55,12 +55,19 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from pytest_cbatch.engine_report import dispatch_event, engine_report, row_phase
 from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
 
 from . import engine
 from .engine import EngineSettings
 
-__all__ = ["simulate", "engine_settings"]
+__all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE_LOGGERS"]
+
+# Read by the plugin: a bare ``pytest --cbatch-impl=vllm`` runs every workload that does not test the
+# delay at release_delay 0 (vLLM frees a request's blocks the moment it ends), and vLLM's own log
+# records below ERROR (its block-size advice, repeated per scheduler) stay out of failure reports.
+CBATCH_NATIVE_CONFIG = {"release_delay": 0}
+CBATCH_ENGINE_LOGGERS = ("vllm",)
 
 CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
 MAX_MODEL_LEN_LIMIT = 8192  # max_position_embeddings of the shipped tiny llama config
@@ -216,17 +223,11 @@ class _Run:
         for rid, n in scheduled.items():
             req = self.sched.requests[rid]
             before = req.num_computed_tokens - n  # schedule() already advanced num_computed_tokens
-            if req.num_output_tokens and before >= req.num_tokens - 1:
-                phase = "decode"          # feeds only the newest sampled token
-            elif rid in self.preempted:
-                phase = "recompute"       # a resumed request rebuilding the rows it lost
-            else:
-                phase = "prefill"
-            rows.append({"id": rid, "phase": phase, "input_tokens": n})
-        used = sum(row["input_tokens"] for row in rows)
+            rows.append((rid, row_phase(has_output=bool(req.num_output_tokens), before=before, known=req.num_tokens,
+                                        preempted=rid in self.preempted), n))
         self.dispatches += 1
-        self.fed += used
-        self._emit(t, "dispatch", work=rows, unused_budget=self.config["token_budget"] - used)
+        self.fed += sum(n for _, _, n in rows)
+        self.events.append(dispatch_event(t, rows, self.config["token_budget"]))
 
     def _output(self, t: int, output: Any) -> None:
         rid = output.request_id
@@ -247,34 +248,6 @@ class _Run:
     # -- the report ------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        requests: dict[str, dict[str, Any]] = {}
-        for rid, line in self.arrivals.items():
-            mine = [ev for ev in self.events if ev.get("id") == rid]
-            times = [ev["time"] for ev in mine if ev["event"] == "token"]
-            admitted = next((ev["time"] for ev in mine if ev["event"] == "admit"), None)
-            end = next(ev["time"] for ev in mine if ev["event"] in ("finished", "cancelled", "rejected"))
-            requests[rid] = {
-                "status": self.status[rid], "arrival": line["time"], "admitted": admitted, "end": end,
-                "output_tokens": len(times), "token_times": times,
-                "queue_ticks": None if admitted is None else admitted - line["time"],
-                "ttft_ticks": times[0] - line["time"] if times else None,
-                "itl_ticks": [b - a for a, b in zip(times, times[1:])],
-            }
-        ended = list(self.status.values())
-        return {
-            "schema_version": 1,
-            "time_unit": "synthetic_tick",
-            "config": dict(self.config),
-            "requests": requests,
-            "events": self.events,
-            "summary": {
-                "drained_at_tick": self.events[-1]["time"] if self.events else 0,
-                "dispatches": self.dispatches,
-                "processed_input_tokens": self.fed,
-                "free_blocks": engine.free_blocks(self.sched),
-                "finished": ended.count("finished"),
-                "cancelled": ended.count("cancelled"),
-                "rejected": ended.count("rejected"),
-                "engine": f"vllm {engine.VLLM_VERSION}",
-            },
-        }
+        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.events,
+                             dispatches=self.dispatches, fed=self.fed, free_blocks=engine.free_blocks(self.sched),
+                             engine=f"vllm {engine.VLLM_VERSION}")

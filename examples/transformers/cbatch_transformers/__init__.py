@@ -1,0 +1,1 @@
+"""pytest-cbatch adapter for Hugging Face transformers' continuous batching (FIFO and prefill-first schedulers)."""

@@ -1,0 +1,123 @@
+"""``transformers serve --continuous-batching`` on 127.0.0.1, serving the tiny seeded model offline:
+what its OpenAI routes do that the kit's live client has to meet.
+
+Runs only where transformers and the adapter are installed (``.ci/transformers-job`` runs it).  One
+server for the module, started with a bounded wait and stopped with SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed here: build its venv with "
+                                           ".ci/transformers-venv and run .ci/transformers-job")
+model_path = pytest.importorskip("cbatch_transformers.model_path", reason="the transformers adapter is not "
+                                                                         "installed: pip install -e examples/transformers")
+
+REPO = "cbatch/tiny-llama"
+STARTUP_SECONDS = 240
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The server on a free port; the hub cache starts absent (HF_HOME/hub does not exist)."""
+    work = tmp_path_factory.mktemp("serve")
+    model = model_path.make_tiny_model(work / "model", seed=0)
+    env = {**os.environ, "HF_HOME": str(work / "hf-home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_CACHE", None)
+    port = _free_port()
+    cli = [sys.executable, "-c", "from transformers.cli.transformers import main; main()"]
+    log = (work / "server.log").open("w")
+    proc = subprocess.Popen([*cli, "serve", str(model), "--continuous-batching", "--device", "cpu", "--dtype",
+                             "float32", "--attn-implementation", "sdpa", "--cb-num-blocks", "64", "--cb-block-size",
+                             "16", "--cb-max-batch-tokens", "128", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + STARTUP_SECONDS
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited {proc.returncode}:\n{(work / 'server.log').read_text()[-2000:]}")
+            try:
+                if _get(url + "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"transformers serve did not answer /health in {STARTUP_SECONDS} s")
+            time.sleep(0.5)
+        yield url, model
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+        log.close()
+
+
+def test_listing_models_without_a_hub_cache_directory_is_a_server_error(server: tuple[str, Path]) -> None:
+    """Finding: GET /v1/models scans the hub cache and raises CacheNotFound when it does not exist."""
+    url, _ = server
+    status, body = _get(url + "/v1/models")
+    assert status == 500, body
+
+
+def test_the_kits_fixed_length_request_fields_are_refused(server: tuple[str, Path]) -> None:
+    """Finding: the server refuses fields it does not know (HTTP 422) instead of ignoring them,
+    among them ignore_eos and return_token_ids, which the kit's live client sends."""
+    url, model = server
+    status, body = _post(url + "/v1/completions", {"model": str(model), "prompt": "the cache", "max_tokens": 4,
+                                                   "ignore_eos": True, "return_token_ids": True})
+    assert status == 422, body
+    assert "ignore_eos" in body and "return_token_ids" in body
+
+
+def test_a_stream_ends_with_usage_in_its_last_frame_and_no_done(server: tuple[str, Path]) -> None:
+    url, model = server
+    req = urllib.request.Request(url + "/v1/completions", json.dumps({
+        "model": str(model), "prompt": "the cache holds", "max_tokens": 8, "stream": True,
+        "stream_options": {"include_usage": True}}).encode(), {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        frames = [line[len(b"data: "):] for line in resp.read().splitlines() if line.startswith(b"data: ")]
+    assert frames and b"[DONE]" not in frames
+    last = json.loads(frames[-1])
+    assert last["choices"][0]["finish_reason"] == "length"
+    assert last["usage"]["completion_tokens"] == 8
