@@ -136,6 +136,9 @@ WORKLOADS.update({w.name: w for w in (
     _w("long_output", "an output of 300 tokens beside a short request: outputs longer than any small-integer "
                       "cache, every token counted to the end",
        [arrival(0, "long", 2, 300), arrival(0, "short", 3, 2)], capacity=24, block_size=16),
+    _w("reserve_asked", "the preemption workload with reserve admission asked for by name: the report records "
+                        "the admission the run asked for",
+       _PREEMPT, admission="reserve"),
 )})
 
 INVALID_INPUTS.update({

@@ -3,6 +3,7 @@
 Usage (from a checkout, with the ``mutation`` extra installed; the machine is shared, so be nice)::
 
     nice -n 15 python benchmarks/mutation/campaign.py run [--target sim|faults] [--sample 320] [--seed 17]
+    nice -n 15 python benchmarks/mutation/campaign.py rejudge   # survivors again, after closing gaps
     python benchmarks/mutation/campaign.py report      # rewrite docs/mutation.md from the results
 
 ``run`` copies the target file into ``build/mutation/<target>/`` (the checkout's
@@ -14,7 +15,8 @@ order, so the same seed and the same file give the same sample), marks the rest
 skipped, and lets ``cosmic-ray exec`` run the killing test
 (``benchmarks/mutation/kill.py``) on each sampled mutant.  A campaign stopped
 half way resumes where it stopped (``run`` again with the same arguments).
-The outcome of every sampled mutant goes to
+``rejudge`` judges the survivors again once gaps are closed.  The outcome of
+every sampled mutant goes to
 ``benchmarks/mutation/results/<target>.json``; ``report`` merges it with the
 survivor classes of ``benchmarks/mutation/survivors.toml`` into ``docs/mutation.md``.
 """
@@ -254,6 +256,23 @@ def run(targets: list[str], workdir: Path, sample: int, seed: int) -> None:
         print(f"{target}: {len(result['mutants'])} sampled mutants judged -> {RESULTS / (target + '.json')}")
 
 
+def rejudge(targets: list[str], workdir: Path) -> None:
+    """Judge every survivor again with the kit as it is now (after closing gaps), then collect.
+
+    Adding workloads and checks only adds ways to fail, so a mutant killed before stays killed.
+    """
+    import sqlite3
+
+    for target in targets:
+        session = workdir / f"{target}.sqlite"
+        with sqlite3.connect(session) as db:
+            gone = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+        print(f"{target}: judging {gone} survivors again")
+        subprocess.run([_tool("cosmic-ray"), "exec", str(workdir / f"{target}.toml"), str(session)], check=True)
+        result = collect(target, workdir)
+        (RESULTS / f"{target}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Mutation campaign on the reference files (cosmic-ray).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -265,10 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("collect", help="write the results of a campaign so far (a running one too)")
     c.add_argument("--target", choices=list(SCOPES), action="append")
     c.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
+    j = sub.add_parser("rejudge", help="judge the survivors again with the kit as it is now")
+    j.add_argument("--target", choices=list(SCOPES), action="append")
+    j.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
     sub.add_parser("report", help="rewrite docs/mutation.md from the results and survivors.toml")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.target or list(SCOPES), args.workdir, args.sample, args.seed)
+    elif args.command == "rejudge":
+        rejudge(args.target or list(SCOPES), args.workdir)
     elif args.command == "collect":
         RESULTS.mkdir(exist_ok=True)
         for target in args.target or list(SCOPES):

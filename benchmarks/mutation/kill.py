@@ -11,7 +11,8 @@ clause on every fixed workload of ``pytest_cbatch.workloads``, every invalid
 input, then every clause on the fixed, seeded generated traces in TRACES.json
 (written by ``campaign.py``).  ``faults`` judges the ``scheduler_faults.py`` of
 FOLDER (with its ``scheduler_sim.py`` beside it, the course's layout) with the
-lifecycle state machines of the recompute and transfer parts under the ci
+lifecycle state machines of the recompute and transfer parts (those that can
+reach the changed line) under the ci
 profile's examples (derandomized), without shrinking, after a quick round of
 fewer examples that kills most mutants sooner.
 
@@ -101,7 +102,7 @@ def judge_faults(folder: str, max_examples: int, quick: int) -> None:
     except ImplementationError as exc:
         _killed(f"the folder does not load: {exc}")
     missing = missing_parts(namespace)
-    parts = _parts_nearest_change(os.path.join(folder, "scheduler_faults.py"))
+    parts = _parts_reaching_change(os.path.join(folder, "scheduler_faults.py"))
     for examples in dict.fromkeys(n for n in (quick, max_examples) if 0 < n <= max_examples):
         base = settings(max_examples=examples, derandomize=True, database=None, deadline=None,
                         phases=[Phase.explicit, Phase.generate], print_blob=False)
@@ -115,10 +116,13 @@ def judge_faults(folder: str, max_examples: int, quick: int) -> None:
                 _killed(f"lifecycle {part} ({examples} examples): {type(exc).__name__}: {first}")
 
 
-def _parts_nearest_change(path: str) -> list[str]:
-    """LIFECYCLE_PARTS, the part whose class holds the first line that differs from the shipped file first.
+def _parts_reaching_change(path: str) -> list[str]:
+    """The lifecycle parts whose machine can reach the first line that differs from the shipped file.
 
-    Only an ordering (every part still runs while the mutant survives): it makes a kill come sooner.
+    The recompute machine drives only PagedKV and RecomputeRequest, the transfer machine only PagedKV
+    and TransferManager (with Transfer, ABORT_REASONS and _LIVE), so a change inside one of them
+    leaves the other part exactly as it is on the shipped file, where it passes: not run.  A change
+    anywhere else runs both.
     """
     import ast
 
@@ -129,10 +133,15 @@ def _parts_nearest_change(path: str) -> list[str]:
     with open(path, encoding="utf-8") as fh:
         judged = fh.read()
     changed = next((n for n, (a, b) in enumerate(zip(shipped.splitlines(), judged.splitlines()), 1) if a != b), 0)
-    owner = {"RecomputeRequest": "recompute", "Transfer": "transfer", "TransferManager": "transfer"}
-    first = next((owner[node.name] for node in ast.parse(shipped).body if isinstance(node, ast.ClassDef)
-                  and node.name in owner and node.lineno <= changed <= (node.end_lineno or 0)), LIFECYCLE_PARTS[0])
-    return [first] + [p for p in LIFECYCLE_PARTS if p != first]
+    owner = {"RecomputeRequest": "recompute", "Transfer": "transfer", "TransferManager": "transfer",
+             "ABORT_REASONS": "transfer", "_LIVE": "transfer"}
+    for node in ast.parse(shipped).body:
+        names = [node.name] if isinstance(node, ast.ClassDef) else [
+            t.id for t in getattr(node, "targets", ()) if isinstance(t, ast.Name)]
+        part = next((owner[n] for n in names if n in owner), None)
+        if part and node.lineno <= changed <= (node.end_lineno or node.lineno):
+            return [part]
+    return list(LIFECYCLE_PARTS)
 
 
 def main(argv: list[str] | None = None) -> int:
