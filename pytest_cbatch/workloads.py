@@ -139,9 +139,13 @@ WORKLOADS.update({w.name: w for w in (
     _w("reserve_asked", "the preemption workload with reserve admission asked for by name: the report records "
                         "the admission the run asked for",
        _PREEMPT, admission="reserve"),
+    _w("wide_batch", "300 one-token requests with max_active 260: more requests running at once than a small-integer "
+                     "cache holds (vLLM's default max_num_seqs is 256), and the limit still holds",
+       [arrival(0, f"w{i}", 1, 1) for i in range(300)], capacity=300, max_active=260, token_budget=300),
 )})
 
 INVALID_INPUTS.update({
     # A config is invalid whatever the trace: refused even when no arrival would ever need a page.
     "zero_block_size_empty_trace": ([], {"block_size": 0}),
+    "zero_max_active": ([arrival(0, "a", 1, 1)], {"max_active": 0}),
 })
