@@ -208,52 +208,115 @@ def prepare(target: str, workdir: Path, sample: int, seed: int, budget: int) -> 
     return session
 
 
+def sessions(target: str, workdir: Path) -> list[Path]:
+    """The target's session files: the first one ``prepare`` made, then one per extra worker."""
+    return [workdir / f"{target}.sqlite"] + sorted(workdir.glob(f"{target}.w*.sqlite"))
+
+
+def add_workers(target: str, workdir: Path, workers: int) -> None:
+    """Share the target's pending mutants among ``workers`` sessions, each mutating its own copy.
+
+    Worker k gets the pending mutants at positions k, k + workers, ... (in mutant-id order); each
+    session marks the others' mutants skipped.  Done once: later runs reuse the sessions.
+    """
+    import sqlite3
+
+    have = sessions(target, workdir)
+    if workers <= 1 or len(have) > 1:
+        return
+    base, folder, config = have[0], workdir / target, (workdir / f"{target}.toml").read_text(encoding="utf-8")
+    with sqlite3.connect(base) as db:
+        rows = db.execute("SELECT m.job_id, m.start_pos_row, m.start_pos_col, m.operator_name, m.occurrence "
+                          "FROM mutation_specs m LEFT JOIN work_results r ON r.job_id = m.job_id "
+                          "WHERE r.job_id IS NULL").fetchall()
+    rows.sort(key=lambda r: (r[1], r[2], r[3], r[4]))
+    share = {job: i % workers for i, (job, *_rest) in enumerate(rows)}
+    skip = "INSERT OR REPLACE INTO work_results (worker_outcome, job_id) VALUES ('SKIPPED', ?)"
+    for k in range(1, workers):
+        copy_folder, session = workdir / f"{target}.w{k}", workdir / f"{target}.w{k}.sqlite"
+        shutil.copytree(folder, copy_folder, dirs_exist_ok=True)
+        with sqlite3.connect(base) as src, sqlite3.connect(session) as dst:
+            src.backup(dst)
+        with sqlite3.connect(session) as db:
+            db.execute("UPDATE mutation_specs SET module_path = replace(module_path, ?, ?)",
+                       (str(folder) + os.sep, str(copy_folder) + os.sep))
+            db.execute("UPDATE work_results SET worker_outcome = 'SKIPPED', test_outcome = NULL, output = NULL, "
+                       "diff = NULL")  # judged in the first session
+            db.executemany(skip, [(job,) for job, w in share.items() if w != k])
+        text = config.replace(str(folder) + os.sep, str(copy_folder) + os.sep).replace(
+            str(folder) + " ", str(copy_folder) + " ")
+        (workdir / f"{target}.w{k}.toml").write_text(text, encoding="utf-8")
+    with sqlite3.connect(base) as db:
+        db.executemany(skip, [(job,) for job, w in share.items() if w != 0])
+
+
+def execute(target: str, workdir: Path) -> None:
+    """``cosmic-ray exec`` on every session of the target at once (one process per worker)."""
+    procs = []
+    for session in sessions(target, workdir):
+        config = session.with_suffix(".toml")
+        procs.append(subprocess.Popen([_tool("cosmic-ray"), "exec", str(config), str(session)]))
+    failed = [p.args for p in procs if p.wait() != 0]
+    if failed:
+        raise SystemExit(f"campaign: cosmic-ray exec failed: {failed}")
+
+
 def collect(target: str, workdir: Path) -> dict[str, Any]:
     """The sampled mutants' outcomes: killed (with the first failing check), survived (with the diff), timed out."""
     from cosmic_ray.work_db import WorkDB, use_db
 
     meta = json.loads((workdir / f"{target}.meta.json").read_text(encoding="utf-8"))
-    mutants = []
-    with use_db(str(workdir / f"{target}.sqlite"), WorkDB.Mode.open) as db:
-        for item, result in db.completed_work_items:
-            if result.worker_outcome == "skipped":
-                continue
-            mutation = item.mutations[0]
-            output = (result.output or "").strip()
-            if result.worker_outcome != "normal":
-                outcome = "incompetent" if result.worker_outcome != "no-test" else "no-test"
-            elif result.test_outcome == "survived":
-                outcome = "survived"
-            elif output == "timeout" or output.startswith("timed out"):
-                outcome = "timed out"
-            else:
-                outcome = "killed"
-            row: dict[str, Any] = {"id": mutant_id(mutation), "line": mutation.start_pos[0], "outcome": outcome}
-            if outcome == "killed":
-                row["by"] = next((ln[len("killed: "):] for ln in output.splitlines() if ln.startswith("killed: ")),
-                                 output.splitlines()[-1] if output else "")[:160]
-            if outcome in ("survived", "incompetent"):
-                row["diff"] = _short_diff(result.diff or output)
-            mutants.append(row)
-        pending = sum(1 for _ in db.pending_work_items)
-    mutants.sort(key=lambda r: (r["line"], r["id"]))
+    mutants: dict[str, dict[str, Any]] = {}
+    pending = 0
+    for session in sessions(target, workdir):
+        with use_db(str(session), WorkDB.Mode.open) as db:
+            for item, result in db.completed_work_items:
+                if result.worker_outcome != "skipped":
+                    row = _row(item.mutations[0], result)
+                    mutants[row["id"]] = row
+            pending += sum(1 for _ in db.pending_work_items)
     return {"target": target, "file": f"reference/{SCOPES[target].file}", "scope": SCOPES[target].summary, **meta,
-            "judged_by": SCOPES[target].judged_by, "pending": pending, "mutants": mutants}
+            "judged_by": SCOPES[target].judged_by, "pending": pending,
+            "mutants": sorted(mutants.values(), key=lambda r: (r["line"], r["id"]))}
+
+
+def _row(mutation: Any, result: Any) -> dict[str, Any]:
+    output = (result.output or "").strip()
+    if result.worker_outcome != "normal":
+        outcome = "incompetent" if result.worker_outcome != "no-test" else "no-test"
+    elif result.test_outcome == "survived":
+        outcome = "survived"
+    elif output == "timeout" or output.startswith("timed out"):
+        outcome = "timed out"
+    else:
+        outcome = "killed"
+    row: dict[str, Any] = {"id": mutant_id(mutation), "line": mutation.start_pos[0], "outcome": outcome}
+    if outcome == "killed":
+        row["by"] = next((ln[len("killed: "):] for ln in output.splitlines() if ln.startswith("killed: ")),
+                         output.splitlines()[-1] if output else "")[:160]
+    if outcome in ("survived", "incompetent"):
+        row["diff"] = _short_diff(result.diff or output)
+    return row
 
 
 def _short_diff(diff: str) -> str:
     return "\n".join(ln for ln in diff.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---")))
 
 
-def run(targets: list[str], workdir: Path, sample: int, seed: int) -> None:
+def _write(target: str, workdir: Path) -> dict[str, Any]:
     RESULTS.mkdir(exist_ok=True)
+    result = collect(target, workdir)
+    (RESULTS / f"{target}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(f"{target}: {len(result['mutants'])} judged, {result['pending']} pending -> {RESULTS / (target + '.json')}")
+    return result
+
+
+def run(targets: list[str], workdir: Path, sample: int, seed: int, workers: int) -> None:
     for target in targets:
-        budget = 30 if target == "sim" else 120
-        session = prepare(target, workdir, sample, seed, budget)
-        subprocess.run([_tool("cosmic-ray"), "exec", str(workdir / f"{target}.toml"), str(session)], check=True)
-        result = collect(target, workdir)
-        (RESULTS / f"{target}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        print(f"{target}: {len(result['mutants'])} sampled mutants judged -> {RESULTS / (target + '.json')}")
+        prepare(target, workdir, sample, seed, budget=30 if target == "sim" else 120)
+        add_workers(target, workdir, workers)
+        execute(target, workdir)
+        _write(target, workdir)
 
 
 def rejudge(targets: list[str], workdir: Path) -> None:
@@ -264,13 +327,13 @@ def rejudge(targets: list[str], workdir: Path) -> None:
     import sqlite3
 
     for target in targets:
-        session = workdir / f"{target}.sqlite"
-        with sqlite3.connect(session) as db:
-            gone = db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
+        gone = 0
+        for session in sessions(target, workdir):
+            with sqlite3.connect(session) as db:
+                gone += db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
         print(f"{target}: judging {gone} survivors again")
-        subprocess.run([_tool("cosmic-ray"), "exec", str(workdir / f"{target}.toml"), str(session)], check=True)
-        result = collect(target, workdir)
-        (RESULTS / f"{target}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        execute(target, workdir)
+        _write(target, workdir)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--sample", type=int, default=320, help="mutants drawn per file (default 320)")
     r.add_argument("--seed", type=int, default=17, help="the sampling seed (default 17)")
     r.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
+    r.add_argument("--workers", type=int, default=1, help="share a target's mutants among N processes (default 1)")
     c = sub.add_parser("collect", help="write the results of a campaign so far (a running one too)")
     c.add_argument("--target", choices=list(SCOPES), action="append")
     c.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
@@ -290,15 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("report", help="rewrite docs/mutation.md from the results and survivors.toml")
     args = parser.parse_args(argv)
     if args.command == "run":
-        run(args.target or list(SCOPES), args.workdir, args.sample, args.seed)
+        run(args.target or list(SCOPES), args.workdir, args.sample, args.seed, args.workers)
     elif args.command == "rejudge":
         rejudge(args.target or list(SCOPES), args.workdir)
     elif args.command == "collect":
-        RESULTS.mkdir(exist_ok=True)
         for target in args.target or list(SCOPES):
-            result = collect(target, args.workdir)
-            (RESULTS / f"{target}.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-            print(f"{target}: {len(result['mutants'])} judged, {result['pending']} pending")
+            _write(target, args.workdir)
     else:
         from report import write_report
 
