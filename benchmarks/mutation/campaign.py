@@ -28,6 +28,7 @@ import ast
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -41,6 +42,11 @@ RESULTS = HERE / "results"
 SURVIVORS = HERE / "survivors.toml"
 DOC = ROOT / "docs" / "mutation.md"
 TRACES_SEED = 20261201
+BUDGETS = {"sim": 20, "faults": 60}
+"""CPU seconds the killing test may use per mutant (about ten times the unmutated run) before a mutant counts
+as timed out (a runaway)."""
+WALL_PER_CPU = 30
+"""cosmic-ray's own wall-clock timeout, as a multiple of the CPU budget: a backstop on a loaded machine."""
 TRACES_PER_ADMISSION = 40
 
 
@@ -186,7 +192,7 @@ def prepare(target: str, workdir: Path, sample: int, seed: int, budget: int) -> 
     config.write_text(
         "[cosmic-ray]\n"
         f"module-path = {json.dumps(str(folder / scope.file))}\n"
-        f"timeout = {float(budget * 2)}\n"
+        f"timeout = {float(budget * WALL_PER_CPU)}\n"
         "excluded-modules = []\n"
         f"test-command = {json.dumps(' '.join(command))}\n"
         "[cosmic-ray.distributor]\n"
@@ -313,16 +319,17 @@ def _write(target: str, workdir: Path) -> dict[str, Any]:
 
 def run(targets: list[str], workdir: Path, sample: int, seed: int, workers: int) -> None:
     for target in targets:
-        prepare(target, workdir, sample, seed, budget=30 if target == "sim" else 120)
+        prepare(target, workdir, sample, seed, BUDGETS[target])
         add_workers(target, workdir, workers)
         execute(target, workdir)
         _write(target, workdir)
 
 
 def rejudge(targets: list[str], workdir: Path) -> None:
-    """Judge every survivor again with the kit as it is now (after closing gaps), then collect.
+    """Judge every survivor and every timed-out mutant again with the kit and budgets as they are now.
 
-    Adding workloads and checks only adds ways to fail, so a mutant killed before stays killed.
+    Adding workloads and checks only adds ways to fail, so a mutant killed before stays killed; a
+    timed-out one is judged again so that only a runaway under the CPU budget counts as timed out.
     """
     import sqlite3
 
@@ -330,8 +337,13 @@ def rejudge(targets: list[str], workdir: Path) -> None:
         gone = 0
         for session in sessions(target, workdir):
             with sqlite3.connect(session) as db:
-                gone += db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED'").rowcount
-        print(f"{target}: judging {gone} survivors again")
+                gone += db.execute("DELETE FROM work_results WHERE test_outcome = 'SURVIVED' OR (test_outcome = "
+                                   "'KILLED' AND (output = 'timeout' OR output LIKE 'timed out%'))").rowcount
+            config = session.with_suffix(".toml")
+            text = re.sub(r"(?m)^timeout = .*$", f"timeout = {float(BUDGETS[target] * WALL_PER_CPU)}",
+                          config.read_text(encoding="utf-8"))
+            config.write_text(re.sub(r"--budget \d+", f"--budget {BUDGETS[target]}", text), encoding="utf-8")
+        print(f"{target}: judging {gone} survivors and timed-out mutants again")
         execute(target, workdir)
         _write(target, workdir)
 

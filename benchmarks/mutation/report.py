@@ -84,7 +84,8 @@ def render(results: dict[str, dict[str, Any]], classes: dict[str, Any]) -> str:
         "",
         "Tool: [cosmic-ray](https://cosmic-ray.readthedocs.io) (the `mutation` extra), every default operator.",
         "Killing test: `benchmarks/mutation/kill.py`, the shipped conformance checks on the mutated copy, stopping",
-        "at the first failure (a run past its time budget counts as *timed out*, i.e. killed by the runaway bound).",
+        "at the first failure; a run past its CPU budget (about ten times the unmutated run) counts as *timed out*,",
+        "a runaway the kit's time bounds stop.",
         "Reproduce: `nice -n 15 python benchmarks/mutation/campaign.py run` (then `... report` rewrites this page).",
         "",
         "| file | scope | judged by | mutants in scope | sampled (seed) | killed | timed out | survived: equivalent "
