@@ -66,14 +66,17 @@ def test_every_class_names_a_survivor_and_every_closed_gap_is_killed(loaded: tup
         assert found.get(entry["id"]) in ("killed", "timed out"), entry
 
 
-def test_a_survivor_without_a_class_is_refused(loaded: tuple[dict, dict]) -> None:
+def test_a_survivor_without_a_class_is_counted_and_shown_as_an_open_gap(loaded: tuple[dict, dict]) -> None:
     results, classes = loaded
     results = copy.deepcopy(results)
     target = next(iter(results))
+    before = report.score(results[target], classes)
     results[target]["mutants"].append({"id": "L1:0 core/Unclassified#0", "line": 1, "outcome": "survived",
                                        "diff": "+x"})
-    with pytest.raises(ValueError, match="no class"):
-        report.render(results, classes)
+    after = report.score(results[target], classes)
+    assert (after["gaps"], after["equivalent"]) == (before["gaps"] + 1, before["equivalent"])
+    assert after["score"] < 1.0
+    assert "| `L1:0 core/Unclassified#0` | `x` | **gap (open)** |" in report.render(results, classes)
 
 
 @pytest.mark.parametrize("target", sorted(campaign.SCOPES))

@@ -325,7 +325,7 @@ def run(targets: list[str], workdir: Path, sample: int, seed: int, workers: int)
         _write(target, workdir)
 
 
-def rejudge(targets: list[str], workdir: Path) -> None:
+def rejudge(targets: list[str], workdir: Path, workers: int) -> None:
     """Judge every survivor and every timed-out mutant again with the kit and budgets as they are now.
 
     Adding workloads and checks only adds ways to fail, so a mutant killed before stays killed; a
@@ -344,6 +344,7 @@ def rejudge(targets: list[str], workdir: Path) -> None:
                           config.read_text(encoding="utf-8"))
             config.write_text(re.sub(r"--budget \d+", f"--budget {BUDGETS[target]}", text), encoding="utf-8")
         print(f"{target}: judging {gone} survivors and timed-out mutants again")
+        add_workers(target, workdir, workers)
         execute(target, workdir)
         _write(target, workdir)
 
@@ -363,12 +364,13 @@ def main(argv: list[str] | None = None) -> int:
     j = sub.add_parser("rejudge", help="judge the survivors again with the kit as it is now")
     j.add_argument("--target", choices=list(SCOPES), action="append")
     j.add_argument("--workdir", type=Path, default=ROOT / "build" / "mutation")
+    j.add_argument("--workers", type=int, default=1, help="share them among N processes (default 1)")
     sub.add_parser("report", help="rewrite docs/mutation.md from the results and survivors.toml")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.target or list(SCOPES), args.workdir, args.sample, args.seed, args.workers)
     elif args.command == "rejudge":
-        rejudge(args.target or list(SCOPES), args.workdir)
+        rejudge(args.target or list(SCOPES), args.workdir, args.workers)
     elif args.command == "collect":
         for target in args.target or list(SCOPES):
             _write(target, args.workdir)

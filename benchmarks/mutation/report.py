@@ -3,8 +3,8 @@
 ``results/<target>.json`` holds every sampled mutant's outcome (``campaign.py``
 writes it); ``survivors.toml`` gives each survivor its class and the reason,
 and names the gaps a first campaign found and the workload or check that closed
-them.  ``render`` refuses a survivor without a class, so the table never shows an
-unexplained one.
+them.  A survivor without a class is an open gap: counted in the table's gap column
+and shown as such (tests/test_mutation_table.py demands none).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["CLASSES", "load", "render", "score", "write_report"]
+__all__ = ["CLASSES", "load", "render", "score", "survivor_class", "write_report"]
 
 CLASSES = {
     "dead code": "the mutated code never runs on simulate's path, or its effect is overwritten before anyone reads it",
@@ -38,26 +38,26 @@ def load(results: Path, survivors: Path) -> tuple[dict[str, dict[str, Any]], dic
     return found, classes
 
 
-def _survivor_class(classes: dict[str, Any], target: str, mid: str) -> dict[str, str]:
+def survivor_class(classes: dict[str, Any], target: str, mid: str) -> dict[str, str] | None:
+    """The class and reason survivors.toml gives a survivor, or None when it has none (an open gap)."""
     entry = classes.get(target, {}).get(mid)
     if not entry or entry.get("class") not in CLASSES or not entry.get("why", "").strip():
-        raise ValueError(f"{target}: survivor {mid!r} has no class in survivors.toml "
-                         f"(one of {', '.join(CLASSES)}, with a reason): classify it or close the gap")
+        return None
     return entry
 
 
 def score(result: dict[str, Any], classes: dict[str, Any]) -> dict[str, Any]:
-    """Counts for one target: each outcome, equivalent survivors, and the score over the non-equivalent mutants."""
+    """Counts for one target: each outcome, equivalent survivors, open gaps, and the score over the
+    non-equivalent mutants."""
     counts = dict.fromkeys(OUTCOMES, 0)
     for m in result["mutants"]:
         counts[m["outcome"]] += 1
     equivalent = sum(1 for m in result["mutants"] if m["outcome"] == "survived"
-                     and _survivor_class(classes, result["target"], m["id"]))
+                     and survivor_class(classes, result["target"], m["id"]))
     judged = len(result["mutants"]) - counts["no-test"] - counts["incompetent"]
     killed = counts["killed"] + counts["timed out"]
-    gaps = counts["survived"] - equivalent
     non_equivalent = judged - equivalent
-    return {**counts, "equivalent": equivalent, "gaps": gaps, "judged": judged,
+    return {**counts, "equivalent": equivalent, "gaps": counts["survived"] - equivalent, "judged": judged,
             "score": killed / non_equivalent if non_equivalent else 1.0,
             "raw": killed / judged if judged else 1.0}
 
@@ -114,6 +114,17 @@ def render(results: dict[str, dict[str, Any]], classes: dict[str, Any]) -> str:
         "",
         "Every surviving mutant, with its class: " + "; ".join(f"*{k}*: {v}" for k, v in CLASSES.items()) + ".",
         "",
+    ]
+    for target, result in results.items():
+        tally: dict[str, int] = {}
+        for m in result["mutants"]:
+            if m["outcome"] == "survived":
+                entry = survivor_class(classes, target, m["id"])
+                name = entry["class"] if entry else "gap (open)"
+                tally[name] = tally.get(name, 0) + 1
+        out.append(f"- `{result['file']}`: " + (", ".join(f"{n} {c}" for c, n in sorted(tally.items())) or "none"))
+    out += [
+        "",
         "| file | mutant | mutated to | class | why |",
         "|---|---|---|---|---|",
     ]
@@ -121,17 +132,20 @@ def render(results: dict[str, dict[str, Any]], classes: dict[str, Any]) -> str:
         for m in result["mutants"]:
             if m["outcome"] != "survived":
                 continue
-            entry = _survivor_class(classes, target, m["id"])
+            entry = survivor_class(classes, target, m["id"]) or {"class": "**gap (open)**", "why": "not classified yet"}
             out.append(f"| `{result['file']}` | `{m['id']}` | {_change(m.get('diff', ''))} | {entry['class']} "
                        f"| {_cell(entry['why'].strip())} |")
     closed = classes.get("closed", [])
     if closed:
         out += ["", "## Gaps closed", "",
                 "Mutants that survived a first campaign and are killed now, and what kills them.", "",
-                "| file | mutant | closed by |", "|---|---|---|"]
+                "| file | mutant | closed by | killed now by |", "|---|---|---|---|"]
         for entry in closed:
             result = results.get(entry["target"], {})
-            out.append(f"| `{result.get('file', entry['target'])}` | `{entry['id']}` | {_cell(entry['closed_by'])} |")
+            now = next((m for m in result.get("mutants", []) if m["id"] == entry["id"]), {})
+            verdict = now.get("by", now.get("outcome", "not sampled"))
+            out.append(f"| `{result.get('file', entry['target'])}` | `{entry['id']}` | {_cell(entry['closed_by'])} "
+                       f"| {_cell(verdict)} |")
     return "\n".join(out) + "\n"
 
 
