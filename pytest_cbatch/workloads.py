@@ -141,7 +141,7 @@ WORKLOADS.update({w.name: w for w in (
        _PREEMPT, admission="reserve"),
     _w("wide_batch", "300 one-token requests with max_active 260: more requests running at once than a small-integer "
                      "cache holds (vLLM's default max_num_seqs is 256), and the limit still holds",
-       [arrival(0, f"w{i}", 1, 1) for i in range(300)], capacity=300, max_active=260, token_budget=300),
+       [arrival(0, f"w{i}", 1, 1) for i in range(300)], capacity=300, max_active=260),
     _w("cancel_listed_first", "a cancel listed before its request's arrival at the same time: at one time every "
                               "arrival comes before every cancel, whatever the order of the lines",
        [arrival(0, "a", 2, 2), cancel(1, "b"), arrival(1, "b", 3, 2)]),
