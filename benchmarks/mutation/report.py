@@ -86,7 +86,11 @@ def render(results: dict[str, dict[str, Any]], classes: dict[str, Any]) -> str:
         "Killing test: `benchmarks/mutation/kill.py`, the shipped conformance checks on the mutated copy, stopping",
         "at the first failure; a run past its CPU budget (about ten times the unmutated run) counts as *timed out*,",
         "a runaway the kit's time bounds stop.",
-        "Reproduce: `nice -n 15 python benchmarks/mutation/campaign.py run` (then `... report` rewrites this page).",
+        "Reproduce: `nice -n 15 python benchmarks/mutation/campaign.py run [--workers N]`, then `... rejudge` (the",
+        "survivors and timed-out mutants again, after closing gaps) and `... report` (rewrites this page from",
+        "`benchmarks/mutation/results/` and the survivor classes of `benchmarks/mutation/survivors.toml`).",
+        "The same seed and the same reference files draw the same sample.",
+        *([""] + [classes["campaign"]["note"].strip()] if classes.get("campaign", {}).get("note") else []),
         "",
         "| file | scope | judged by | mutants in scope | sampled (seed) | killed | timed out | survived: equivalent "
         "| survived: gap | score |",
