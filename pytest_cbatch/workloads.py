@@ -138,3 +138,31 @@ INVALID_INPUTS: dict[str, tuple[list[dict[str, Any]], dict[str, Any]]] = {
     "negative_release_delay": ([arrival(0, "a", 1, 1)], {"release_delay": -1}),
     "unknown_policy": ([arrival(0, "a", 1, 1)], {"policy": "fifo-ish"}),
 }
+
+
+# ---- Mutation campaign: workloads that close gaps the campaign found (docs/mutation.md) ----
+# Each kills a mutant of the reference that every earlier workload let through; each holds for every
+# correct scheduler (the shipped variants included), whatever its admission order or rotation.
+WORKLOADS.update({w.name: w for w in (
+    _w("impossible_first", "an impossible request heads the queue of an idle pool, a feasible one behind it: "
+                           "it is rejected and the one behind still runs",
+       [arrival(0, "huge", 40, 4), arrival(0, "ok", 2, 2)], capacity=4),
+    _w("long_output", "an output of 300 tokens beside a short request: outputs longer than any small-integer "
+                      "cache, every token counted to the end",
+       [arrival(0, "long", 2, 300), arrival(0, "short", 3, 2)], capacity=24, block_size=16),
+    _w("reserve_asked", "the preemption workload with reserve admission asked for by name: the report records "
+                        "the admission the run asked for",
+       _PREEMPT, admission="reserve"),
+    _w("wide_batch", "300 one-token requests with max_active 260: more requests running at once than a small-integer "
+                     "cache holds (vLLM's default max_num_seqs is 256), and the limit still holds",
+       [arrival(0, f"w{i}", 1, 1) for i in range(300)], capacity=300, max_active=260),
+    _w("cancel_listed_first", "a cancel listed before its request's arrival at the same time: at one time every "
+                              "arrival comes before every cancel, whatever the order of the lines",
+       [arrival(0, "a", 2, 2), cancel(1, "b"), arrival(1, "b", 3, 2)]),
+)})
+
+INVALID_INPUTS.update({
+    # A config is invalid whatever the trace: refused even when no arrival would ever need a page.
+    "zero_block_size_empty_trace": ([], {"block_size": 0}),
+    "zero_max_active": ([arrival(0, "a", 1, 1)], {"max_active": 0}),
+})

@@ -204,6 +204,8 @@ class _RecomputeMachine(LifecycleMachine):
         self.expect_owners(clause, code)
         self.expect_free(clause, code)
         self.expect_events(clause, model, code, kinds_only=True)
+        # the invariant judges check() of live requests only; a cancelled one is a reachable state too
+        self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check)
 
     def misuse(self, model: _Request, method: str) -> None:
         """A call the request's state does not allow: ValueError or False, and no change."""
