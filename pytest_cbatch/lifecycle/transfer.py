@@ -325,7 +325,7 @@ class _TransferMachine(LifecycleMachine):
         rows = list(range(100, 101 + 2 * block_size))
         if 2 * pages_for(len(rows), block_size) > self.oracle.free():
             return
-        self.pool_create("fixed", clause)
+        self.pool_create("fixed")  # the set-up and the release are judged by their own clauses
         self.pool_append_all("fixed", rows)
         self.attempts += 1
         model = _Transfer(f"t{self.attempts}", None, "fixed", "room-fixed", rows)
@@ -338,7 +338,7 @@ class _TransferMachine(LifecycleMachine):
             got = self.call(clause, code, getattr(self.manager, method), model.key, capture=True)
             self.expect_result(clause, code, got, True, f"it is {model.state}")
             self.settle(model, method, "cancel", code)
-        self.pool_release("fixed", clause)
+        self.pool_release("fixed", "lifecycle.teardown_frees_all")
 
 
 def transfer_machine(impl: object, disabled: frozenset[str] = frozenset()) -> type[RuleBasedStateMachine]:
