@@ -57,7 +57,8 @@ def test_a_run_longer_than_the_shortest_failure_halts_unjudged() -> None:
 
 def test_shrinking_keeps_the_clause_and_shortens_the_replay() -> None:
     namespace, clause = BROKEN["second_cancel_raises"]
-    found = lifecycle_verdicts("recompute", namespace, settings(BASE, phases=(Phase.explicit, Phase.generate)))
-    shrunk = lifecycle_verdicts("recompute", namespace, BASE)
+    few = settings(BASE, max_examples=10)
+    found = lifecycle_verdicts("recompute", namespace, settings(few, phases=(Phase.explicit, Phase.generate)))
+    shrunk = lifecycle_verdicts("recompute", namespace, few)
     assert {c for c, v in shrunk.items() if v.status == "fail"} == {c for c, v in found.items() if v.status == "fail"}
     assert shrunk[clause].message.count("\n") <= found[clause].message.count("\n")
