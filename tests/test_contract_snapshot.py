@@ -31,3 +31,31 @@ def test_the_snapshot_exercises_many_clauses() -> None:
     """A snapshot that pins no violations would pin nothing."""
     clauses = {row[0] for rows in PINNED["violations"].values() for row in rows}
     assert len(clauses) >= 20, clauses
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_check_report_leaves_the_garbage_collector_as_it_found_it(enabled: bool,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    import pytest_cbatch.contract as contract
+    from pytest_cbatch.contract import check_report
+    from pytest_cbatch.reference.scheduler_sim import simulate
+    from pytest_cbatch.workloads import WORKLOADS
+
+    demo = WORKLOADS["demo"]
+    report = simulate(list(demo.trace), **demo.config)
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        assert check_report(report, list(demo.trace), demo.config) == []
+        assert gc.isenabled() is enabled
+        def broken_index(*args: object) -> None:
+            raise RuntimeError("index failed")
+
+        monkeypatch.setattr(contract, "ReportIndex", broken_index)
+        with pytest.raises(RuntimeError, match="index failed"):
+            check_report(report, list(demo.trace), demo.config)
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()
