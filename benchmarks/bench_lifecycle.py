@@ -50,7 +50,7 @@ def main() -> None:
     for name in args.bugs:
         _, part = BUGS[name]
         seconds, out = pytest_run(f"--cbatch-impl=lifecycle_bugs:{name}", "-k", f"test_lifecycle and {part}")
-        clauses = sorted(set(re.findall(r"^\[(lifecycle\.\w+)\]", out, re.M)))
+        clauses = sorted(set(re.findall(r"^\[(lifecycle\.\w+)\] (?!skip: |error: )", out, re.M)))
         replays = [len(block.splitlines()) for block in re.findall(r"replay \(runnable Python.*?\n((?:    .*\n)+)", out)]
         print(f"{name + ' (' + part + ')':<34}{seconds:8.1f} s {seconds / suite_s:6.2f}x  {summary(out)}; "
               f"{', '.join(clauses) or 'no clause failed'}; longest replay {max(replays, default=0)} lines")
