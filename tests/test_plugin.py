@@ -181,12 +181,19 @@ def test_plugin_is_inert_without_an_implementation(pytester: pytest.Pytester) ->
 
 # -- 2. the whole suite ------------------------------------------------------------
 
-def test_shipped_suite_passes_on_reference_from_an_empty_directory(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--cbatch-impl=reference")
+def test_shipped_suite_passes_on_reference_from_an_empty_directory(pytester: pytest.Pytester,
+                                                                 lifecycle_profile: list[str]) -> None:
+    """Every suite module, collected whole; the contract part on the demo workload and the lifecycle under a
+    brief profile.  With --run-slow: every workload, the ci profile, a truly empty directory.  (Every clause on
+    every workload passes on the reference in process: test_broken_schedulers.)"""
+    slow = not lifecycle_profile
+    only = [] if slow else ["-k", "not test_contract or demo"]
+    result = pytester.runpytest_subprocess("--cbatch-impl=reference", *lifecycle_profile, *only)
     outcomes = result.parseoutcomes()
     assert result.ret == OK, result.stdout.str()
     assert "failed" not in outcomes and "errors" not in outcomes, outcomes
-    assert outcomes["passed"] > 500, outcomes
+    assert outcomes["passed"] > (500 if slow else DEMO_CHECKS + 3), outcomes
+    assert slow or outcomes["deselected"] > 500, outcomes
     result.stdout.fnmatch_lines(["cbatch: impl reference (entry point reference = *)"])
     assert summary(result)["failed"] == "0"
 
@@ -493,9 +500,11 @@ def test_the_published_simulator_file_passes_every_clause(pytester: pytest.Pytes
     assert "failed" not in outcomes and "skipped" not in outcomes and outcomes["passed"] > 500, outcomes
 
 
-def test_the_published_folder_runs_the_scheduler_and_lifecycle_suites(pytester: pytest.Pytester) -> None:
+def test_the_published_folder_runs_the_scheduler_and_lifecycle_suites(pytester: pytest.Pytester,
+                                                                      lifecycle_profile: list[str]) -> None:
     student_folder(pytester)
-    result = pytester.runpytest_subprocess("--cbatch-impl=alice", "-k", "test_lifecycle or (test_contract and demo)")
+    result = pytester.runpytest_subprocess("--cbatch-impl=alice", "-k", "test_lifecycle or (test_contract and demo)",
+                                           *lifecycle_profile)
     assert result.ret == OK, result.stdout.str()
     result.stdout.fnmatch_lines(["*by part: contract * passed; lifecycle 3 passed*"])
 
@@ -509,7 +518,8 @@ def test_the_published_report_passes_cbatch_check(pytester: pytest.Pytester) -> 
     assert cli.main(["check", "--report", str(pytester.path / "broken.json")]) == 2
 
 
-def test_summary_counts_agree_with_pytest_for_lifecycle_alone(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-k", "test_lifecycle")
+def test_summary_counts_agree_with_pytest_for_lifecycle_alone(pytester: pytest.Pytester,
+                                                             lifecycle_profile: list[str]) -> None:
+    result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-k", "test_lifecycle", *lifecycle_profile)
     outcomes = result.parseoutcomes()
     result.stdout.fnmatch_lines([f"*by part: lifecycle {outcomes['passed']} passed*"])

@@ -16,8 +16,10 @@ malformed field gives one failure, not fifty.
 
 from __future__ import annotations
 
+import gc
 import re
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
 # Importing the families registers their clauses; this order is the clause table's order.
 from . import requests  # noqa: F401  (isort: skip)
@@ -85,22 +87,41 @@ def check_report(
     """
     from ..schemas import schema_issues
 
-    issues = schema_issues(report, "report", limit=max(200, max_per_clause))
-    if issues:
-        return _schema_violations(issues, max_per_clause)
-    index = ReportIndex(report, trace, config)
-    out: list[Violation] = []
-    for cid, c in CLAUSES.items():
-        if c.check is None or (clauses is not None and cid not in clauses) or not index.observes(c.needs):
-            continue
-        found = 0
-        for v in c.check(index):
-            found += 1
-            if found <= max_per_clause:
-                out.append(v)
-        if found > max_per_clause:
-            out.append(Violation(cid, f"... and {found - max_per_clause} more violations of this clause"))
-    return out
+    with _collector_paused():
+        issues = schema_issues(report, "report", limit=max(200, max_per_clause))
+        if issues:
+            return _schema_violations(issues, max_per_clause)
+        index = ReportIndex(report, trace, config)
+        out: list[Violation] = []
+        for cid, c in CLAUSES.items():
+            if c.check is None or (clauses is not None and cid not in clauses) or not index.observes(c.needs):
+                continue
+            found = 0
+            for v in c.check(index):
+                found += 1
+                if found <= max_per_clause:
+                    out.append(v)
+            if found > max_per_clause:
+                out.append(Violation(cid, f"... and {found - max_per_clause} more violations of this clause"))
+        return out
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the block.
+
+    The index allocates a tuple per event; each allocation burst would trigger
+    full collections that walk the whole report (hundreds of thousands of
+    dicts), about a third of check_report's time on a large report.  The
+    checker makes no reference cycles, so nothing is left for the collector.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _schema_violations(issues: Sequence[Any], limit: int) -> list[Violation]:

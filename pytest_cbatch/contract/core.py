@@ -152,35 +152,42 @@ class ReportIndex:
             times.sort()  # a trace's file order is free; answers come in time order
         self.seq: dict[str, list[tuple[int, str, Any]]] = {rid: [] for rid in self.arrivals}
         self.unknown: dict[str, int] = {}
-        self._terminal: dict[str, tuple[int, str] | None] = {}
-        self._tokens: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+        self._terminal: dict[str, tuple[int, str]] = {}
+        self._tokens: dict[str, list[tuple[int, dict[str, Any]]]] = {rid: [] for rid in self.arrivals}
+        self._arrived: dict[str, int] = {}
         self.dispatches: list[int] = []
         self.snapshots: list[int] = []
-        seq = self.seq
+        # The one pass over the events: everything the clauses look up per request is filled in here.
+        seq, unknown, terminal, tokens, arrived = self.seq, self.unknown, self._terminal, self._tokens, self._arrived
+        dispatches, snapshots = self.dispatches, self.snapshots
         for i, ev in enumerate(self.events):
             kind = ev["event"]
             if kind == "dispatch":
-                self.dispatches.append(i)
+                dispatches.append(i)
                 for row in ev["work"]:
-                    self._add(row["id"], i, "row", row)
+                    rid = row["id"]
+                    target = seq.get(rid)
+                    if target is None:
+                        unknown.setdefault(rid, i)
+                    else:
+                        target.append((i, "row", row))
             elif kind == "snapshot":
-                self.snapshots.append(i)
+                snapshots.append(i)
             elif kind.startswith("x-"):
                 continue
             else:
                 rid = ev["id"]
                 target = seq.get(rid)
                 if target is None:
-                    self.unknown.setdefault(rid, i)
-                else:
-                    target.append((i, kind, ev))
-
-    def _add(self, rid: str, i: int, kind: str, payload: Any) -> None:
-        target = self.seq.get(rid)
-        if target is None:
-            self.unknown.setdefault(rid, i)
-        else:
-            target.append((i, kind, payload))
+                    unknown.setdefault(rid, i)
+                    continue
+                target.append((i, kind, ev))
+                if kind == "token":
+                    tokens[rid].append((i, ev))
+                elif kind in TERMINAL:
+                    terminal.setdefault(rid, (i, kind))
+                elif kind == "arrival":
+                    arrived.setdefault(rid, i)
 
     def observes(self, needs: frozenset[str]) -> bool:
         """Whether this report records every event kind in ``needs``."""
@@ -213,24 +220,18 @@ class ReportIndex:
 
     def arrived_at(self, rid: str) -> float:
         """The time of the request's arrival event (its trace time when it has none)."""
-        for i, kind, _ in self.seq[rid]:
-            if kind == "arrival":
-                return self.time(i)
-        return self.arrivals[rid]["time"]
+        i = self._arrived.get(rid)
+        return self.arrivals[rid]["time"] if i is None else self.time(i)
 
     def violation(self, cid: str, message: str, rid: str | None = None, i: int | None = None) -> Violation:
         return Violation(cid, message, rid, i, None if i is None else self.events[i]["time"])
 
     def terminal(self, rid: str) -> tuple[int, str] | None:
         """(event index, kind) of the request's first terminal event, if any."""
-        if rid not in self._terminal:
-            self._terminal[rid] = next(((i, kind) for i, kind, _ in self.seq[rid] if kind in TERMINAL), None)
-        return self._terminal[rid]
+        return self._terminal.get(rid)
 
     def tokens(self, rid: str) -> list[tuple[int, dict[str, Any]]]:
         """(event index, event) of the request's token events, in order."""
-        if rid not in self._tokens:
-            self._tokens[rid] = [(i, ev) for i, kind, ev in self.seq[rid] if kind == "token"]
         return self._tokens[rid]
 
     def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:

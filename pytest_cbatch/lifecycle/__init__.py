@@ -23,10 +23,14 @@ from .allocator import allocator_machine
 from .clauses import ABORT_REASONS, LIFECYCLE, LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleClause, LifecycleViolation
 from .recompute import recompute_machine
 from .transfer import transfer_machine
-from .verdicts import MACHINES, MAX_FAILURES, MIN_STEPS, Verdict, lifecycle_settings, lifecycle_verdicts, missing_parts
+from .verdicts import (
+    MACHINES, MAX_FAILURES, MIN_STEPS, SHRINK_SECONDS, Verdict, lifecycle_settings, lifecycle_verdicts, missing_parts,
+    shrink_budget,
+)
 
 __all__ = [
-    "ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "LifecycleClause", "MACHINES", "MAX_FAILURES", "MIN_STEPS", "PARTS", "PART_CLAUSES",
-    "LifecycleViolation", "Verdict", "allocator_machine", "lifecycle_settings", "lifecycle_verdicts",
-    "missing_parts", "recompute_machine", "transfer_machine",
+    "ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "LifecycleClause", "MACHINES", "MAX_FAILURES", "MIN_STEPS",
+    "PARTS", "PART_CLAUSES", "SHRINK_SECONDS", "LifecycleViolation", "Verdict", "allocator_machine",
+    "lifecycle_settings", "lifecycle_verdicts", "missing_parts", "recompute_machine", "shrink_budget",
+    "transfer_machine",
 ]

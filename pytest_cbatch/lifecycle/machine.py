@@ -7,6 +7,14 @@ one named clause.  Each step appends its Python line to ``script``; a
 violation carries the script plus a last line that fails on the implementation.
 A clause listed in ``disabled`` (see ``verdicts``) does not fail: it halts the
 run, and the rest of that run is not judged.
+
+Shrinking is where a failing part spends its time: Hypothesis tries thousands
+of candidate runs, and each one that does not fail used to run every step with
+every check.  A machine class therefore remembers the shortest failing script
+it has produced (``Shortest``); a later run whose script grows past it halts
+there, since it could only yield a
+longer replay.  Passing implementations
+never fail, so their runs are untouched.
 """
 
 from __future__ import annotations
@@ -36,11 +44,27 @@ class _Halted(Exception):
     """A disabled clause failed: the rest of this run is not judged."""
 
 
+class Shortest:
+    """The length of the shortest failing script of one machine class (None before any failure)."""
+
+    def __init__(self) -> None:
+        self.lines: int | None = None
+
+    def note(self, lines: int) -> None:
+        self.lines = lines if self.lines is None else min(self.lines, lines)
+
+    def exceeded(self, lines: int) -> bool:
+        return self.lines is not None and lines > self.lines
+
+
 def judged(fn: _Fn) -> _Fn:
-    """Wrap a rule or invariant: skip it once the run halted, and halt on a disabled clause."""
+    """Wrap a rule or invariant: skip it once the run halted, and halt on a disabled clause
+    or once the script is longer than the shortest failing one."""
 
     @functools.wraps(fn)
     def run(self: LifecycleMachine, *args: Any, **kwargs: Any) -> Any:
+        if not self.halted and self.shortest.exceeded(len(self.script)):
+            self.halted = True
         if self.halted:
             return None
         try:
@@ -126,6 +150,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     disabled: frozenset[str] = frozenset()
     header: tuple[str, ...] = ()
     read_log: set[tuple[str, str]] | None = None  # when a set: every (clause, published name) a check reads
+    shortest = Shortest()  # each class made by ``bind`` gets its own
 
     def __init__(self) -> None:
         super().__init__()
@@ -145,6 +170,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if clause in self.disabled:
             raise _Halted(clause)
         self.failed = True
+        self.shortest.note(len(self.script))
         raise LifecycleViolation(clause, message, "\n".join([*self.script, *replay]))
 
     def record(self, line: str) -> None:
@@ -402,6 +428,6 @@ def bind(base: type[LifecycleMachine], part: str, impl: object,
     if unknown:
         raise ValueError(f"unknown lifecycle clauses {sorted(unknown)}")
     attrs = {"impl": impl, "part": part, "disabled": frozenset(disabled), "header": tuple(import_lines(impl)),
-             "__doc__": base.__doc__, "__module__": base.__module__}
+             "shortest": Shortest(), "__doc__": base.__doc__, "__module__": base.__module__}
     return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from hypothesis import Phase, Verbosity
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
@@ -14,8 +16,8 @@ from .clauses import PART_CLAUSES, PARTS, LifecycleViolation
 from .recompute import recompute_machine
 from .transfer import transfer_machine
 
-__all__ = ["MACHINES", "MAX_FAILURES", "MIN_STEPS", "Verdict", "lifecycle_settings", "lifecycle_verdicts",
-           "missing_parts"]
+__all__ = ["MACHINES", "MAX_FAILURES", "MIN_STEPS", "SHORT_STEPS", "SHRINK_SECONDS", "Verdict", "lifecycle_settings",
+           "lifecycle_verdicts", "missing_parts", "shrink_budget"]
 
 MIN_STEPS = 50
 """Floor for ``stateful_step_count`` (a profile may ask for more): replay and drain bugs need
@@ -23,6 +25,15 @@ histories of a few dozen operations."""
 
 MAX_FAILURES = 4
 """How many failing clauses ``lifecycle_verdicts`` isolates in one part before it stops judging."""
+
+SHORT_STEPS = 12
+"""Steps of the short runs ``lifecycle_verdicts`` tries before the long ones: most bugs show
+within a dozen operations, and a short failing run shrinks in a fraction of a second, where a
+failure found at step 50 takes minutes to shrink."""
+
+SHRINK_SECONDS = 6.0
+"""How long ``lifecycle_verdicts`` shrinks one failing clause's example.  Most of the shortening
+comes in the first second; Hypothesis's own limit is five minutes per failure."""
 
 MACHINES: dict[str, Callable[..., type[RuleBasedStateMachine]]] = {
     "allocator": allocator_machine,
@@ -52,16 +63,44 @@ def missing_parts(impl: object) -> dict[str, str]:
 
 
 def lifecycle_settings(base: Settings | None = None) -> Settings:
-    """Return ``base`` (default: the active profile) with no deadline and at least MIN_STEPS steps.
+    """Return ``base`` (default: the active profile) with no deadline, at least MIN_STEPS steps
+    and no explain phase.
 
     ``max_examples``, derandomization and the database are left to the profile.
     One step is added because Hypothesis spends the first step of each run on
     the ``@initialize`` rule, so the count is the number of operations.  Only
     the first bug of a run is reported: ``lifecycle_verdicts`` isolates the rest.
+    The explain phase is dropped: it re-runs the shrunk example hundreds of
+    times with parts varied, which took minutes for a failing part, to annotate
+    a Hypothesis report that the violation's own replay replaces.  For the same
+    reason Hypothesis itself is quiet: its step listing and warnings would
+    repeat or contradict the violation's message.
     """
     base = Settings() if base is None else base
-    return Settings(base, deadline=None, report_multiple_bugs=False,
+    return Settings(base, deadline=None, report_multiple_bugs=False, verbosity=Verbosity.quiet,
+                    phases=tuple(phase for phase in base.phases if phase is not Phase.explain),
                     stateful_step_count=max(base.stateful_step_count, MIN_STEPS) + 1)
+
+
+@contextmanager
+def shrink_budget(seconds: float) -> Iterator[None]:
+    """Within the block, Hypothesis stops shrinking a failure after ``seconds`` (never longer than its own limit).
+
+    Hypothesis has no setting for it; its engine reads the limit from a module
+    constant when shrinking starts.  Where a Hypothesis version lacks the
+    constant, this does nothing.
+    """
+    from hypothesis.internal.conjecture import engine
+
+    limit = getattr(engine, "MAX_SHRINKING_SECONDS", None)
+    if not isinstance(limit, (int, float)):
+        yield
+        return
+    engine.MAX_SHRINKING_SECONDS = min(limit, seconds)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        engine.MAX_SHRINKING_SECONDS = limit  # type: ignore[assignment]
 
 
 def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None = None, *,
@@ -75,6 +114,10 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     does not cost every clause.  After ``max_failures`` failing clauses the
     rest are ``skip``; a part the namespace lacks is ``skip`` throughout; a run
     that breaks down outside any clause makes the clauses not yet judged ``error``.
+    Each search runs the profile's examples twice: first with runs of
+    SHORT_STEPS operations, then (if those find nothing) at full length, so a
+    passing part keeps every long run and gains the short ones.  Each failing
+    clause's example is shrunk for at most SHRINK_SECONDS.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
     raises ``bounded.CallStopped`` at once, without shrinking.
     """
@@ -86,19 +129,30 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
         return {cid: Verdict("skip", f"lifecycle {part}: {missing}") for cid in clauses}
     verdicts: dict[str, Verdict] = {}
     config = lifecycle_settings(settings)
+    stages = (Settings(config, stateful_step_count=SHORT_STEPS + 1), config)
     while len(verdicts) < max_failures:
-        machine = MACHINES[part](namespace, frozenset(verdicts))
+        try:
+            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds)
+        except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
+            rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
+            return {cid: verdicts.get(cid, rest) for cid in clauses}
+        if violation is None:
+            return {cid: verdicts.get(cid, Verdict("pass")) for cid in clauses}
+        verdicts[violation.clause] = Verdict("fail", str(violation))
+    skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
+    return {cid: verdicts.get(cid, skipped) for cid in clauses}
+
+
+def _first_violation(part: str, namespace: object, disabled: frozenset[str],
+                     stages: tuple[Settings, ...], bounds: Bounds | None = None) -> LifecycleViolation | None:
+    """Run the part's machine under each of ``stages`` in turn; the first violation found, shrunk, or None."""
+    for stage in stages:
+        machine = MACHINES[part](namespace, disabled)
         if bounds is not None:
             machine = bounded_machine(machine, bounds)
         try:
-            run_state_machine_as_test(machine, settings=config)
+            with shrink_budget(SHRINK_SECONDS):
+                run_state_machine_as_test(machine, settings=stage)
         except LifecycleViolation as violation:
-            verdicts[violation.clause] = Verdict("fail", str(violation))
-            continue
-        except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
-            rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
-        else:
-            rest = Verdict("pass")
-        return {cid: verdicts.get(cid, rest) for cid in clauses}
-    skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
-    return {cid: verdicts.get(cid, skipped) for cid in clauses}
+            return violation
+    return None
