@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 from typing import Any
 
@@ -197,3 +198,44 @@ def test_a_cancel_after_the_finish_frame_is_ignored(serve: Any) -> None:
     assert ignored["event"] == "cancel_ignored" and ignored["status"] == "finished", ignored
     assert report["requests"]["r"]["status"] == "finished" and report["requests"]["r"]["output_tokens"] == 2
     assert check_report(report, trace, BASE_CONFIG) == []
+
+
+class StallingClock:
+    """Stands in for the replay's ``time``: from the ``since``-th reading on, each reading jumps ``jump`` s
+    further ahead, as if the client had been starved that long between two lines of the trace."""
+
+    def __init__(self, since: int, jump: float, until: int | None = None) -> None:
+        self.since, self.jump, self.until = since, jump, until
+        self.readings, self.offset = 0, 0.0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        if self.readings >= self.since and (self.until is None or self.readings < self.until):
+            self.offset += self.jump
+        return time.perf_counter() + self.offset
+
+
+TWO_LINES = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 2},
+             {"time": 1, "event": "arrival", "id": "b", "prompt_tokens": 2, "output_tokens": 1}]
+
+
+def test_a_replay_whose_client_fell_behind_is_replayed(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cbatch.contract import check_report
+    from pytest_cbatch.live import replay
+
+    # the first run's second reading comes 30 s late: that run is void, the second keeps the schedule
+    clock = StallingClock(since=2, jump=30.0, until=3)
+    monkeypatch.setattr(replay, "time", clock)
+    report = resolve_impl(serve(**SLOW), tick_seconds=0.05).run(TWO_LINES, BASE_CONFIG).report
+    assert report is not None and check_report(report, TWO_LINES, BASE_CONFIG) == []
+    assert [r["status"] for r in report["requests"].values()] == ["finished", "finished"]
+
+
+def test_a_client_that_never_keeps_the_schedule_is_one_clear_refusal(serve: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cbatch.live import replay
+
+    monkeypatch.setattr(replay, "time", StallingClock(since=2, jump=30.0))
+    out = resolve_impl(serve(**SLOW), tick_seconds=0.05).run(TWO_LINES, BASE_CONFIG)
+    assert out.report is None and "the client fell behind the trace's schedule by" in out.refused, out
+    assert "in 3 tries (the contract allows 1 s)" in out.refused and "--cbatch-tick-seconds" in out.refused
