@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 __all__ = [
     "CLAUSES", "RUNNER_CLAUSES", "Clause", "ReportIndex", "Violation", "EVENT_KINDS", "TERMINAL",
-    "clause", "required_blocks", "short",
+    "clause", "required_blocks", "short", "replay_slack",
 ]
 
 TERMINAL = ("finished", "cancelled", "rejected")
@@ -114,6 +114,12 @@ def required_blocks(prompt: int, output: int, block_size: int) -> int:
     return -(-(prompt + output - 1) // block_size)
 
 
+def replay_slack(tick_seconds: float) -> float:
+    """Seconds a client-side replay may act after a trace line's scheduled moment and still be on time
+    (the replay repeats a run in which its client fell further behind)."""
+    return max(1.0, 20 * tick_seconds)
+
+
 def short(values: Sequence[Any], limit: int = 12) -> str:
     """A list cut to ``limit`` items for a message."""
     text = ", ".join(map(str, values[:limit]))
@@ -140,7 +146,7 @@ class ReportIndex:
         self.seconds = report.get("time_unit") == "seconds"
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
-        self.slack: float = max(1.0, 20 * tick) if self.seconds else 0
+        self.slack: float = replay_slack(tick) if self.seconds else 0
         self.arrivals: dict[str, dict[str, Any]] = {}
         self.cancels: dict[str, list[int]] = {}
         for line in trace:

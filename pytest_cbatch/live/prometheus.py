@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
-__all__ = ["Histogram", "ServerMetrics", "parse_metrics", "metric_total"]
+__all__ = ["Histogram", "ServerMetrics", "parse_metrics", "metric_total", "labelled_total"]
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
@@ -112,3 +112,9 @@ def metric_total(samples: Mapping[str, float], name: str) -> float | None:
     """Sum of ``name`` over all its label sets, or None when the body has no such sample."""
     values = [v for key, v in samples.items() if key == name or key.startswith(name + "{")]
     return sum(values) if values else None
+
+
+def labelled_total(samples: Mapping[str, float], name: str, label: str, value: str) -> float:
+    """Sum of ``name`` over the label sets where ``label="value"`` (0 when there is none)."""
+    pattern = re.compile(rf'[{{,]{re.escape(label)}="{re.escape(value)}"[,}}]')
+    return sum(v for key, v in samples.items() if key.startswith(name + "{") and pattern.search(key))

@@ -20,6 +20,11 @@
   ends with ``[DONE]``, stamped at the last token's frame; ``rejected`` for an
   HTTP error, a refused connection, a malformed stream or one that ended
   without ``[DONE]`` (the event's ``reason`` says which).
+* A client that falls behind: "just after" means within the contract's slack
+  (``replay_slack``: 1 s, or 20 ticks when that is more).  A run in which an
+  arrival or a cancel went out later than that measured the client (starved
+  by a loaded machine), not the server: it is cancelled and replayed, three
+  tries in all, and only a run that kept the schedule is reported.
 
 Capabilities, honestly: a client cannot set a server's capacity, block size,
 budgets, policy or admission.  Scheduler settings are recorded in the
@@ -38,15 +43,17 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from ..contract.core import replay_slack
 from ..impls import Implementation, ImplementationError, Refused
 from ..reference.scheduler_sim import validate_config, validate_trace
 from . import LiveError, MissingExtra, metrics, require
 from .client import Stream, build_payload, first_model, prompt_words, session, stream, url_for
 
-__all__ = ["HttpImplementation", "replay", "OBSERVED", "TIME_UNIT"]
+__all__ = ["HttpImplementation", "replay", "OBSERVED", "TIME_UNIT", "REPLAY_ATTEMPTS"]
 
 TIME_UNIT = "seconds"
 OBSERVED = ("arrival", "token", "finished", "cancelled", "cancel_ignored", "rejected")
+REPLAY_ATTEMPTS = 3
 _RANK = {"arrival": 0, "token": 1, "finished": 2, "cancelled": 2, "rejected": 2, "cancel_ignored": 3}
 
 
@@ -127,25 +134,53 @@ def run_coroutine(coro: Any) -> Any:
 
 
 async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_url: str, *, api: str = "completions",
-                 tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0) -> dict[str, Any]:
-    """Replay a validated, time-sorted ``trace`` and return the client-side report (module docstring)."""
-    url = url_for(base_url, "/chat/completions" if api == "chat" else "/completions")
+                 tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0,
+                 attempts: int = REPLAY_ATTEMPTS) -> dict[str, Any]:
+    """Replay a validated, time-sorted ``trace`` and return the client-side report (module docstring).
+
+    A replay whose client fell behind the trace's schedule by more than the
+    contract's slack (a starved client, not the server) is void: it is
+    cancelled and replayed, ``attempts`` times in all, and LiveError says so
+    when none kept the schedule.
+    """
+    slack = replay_slack(tick_seconds)
+    lags: list[float] = []
     async with session(timeout) as client:
         model = await first_model(client, base_url)
-        origin = time.perf_counter()
+        for _ in range(attempts):
+            report, lag = await _replay_once(client, model, trace, config, base_url, api, tick_seconds, timeout,
+                                             seed, slack)
+            if report is not None:
+                return report
+            lags.append(lag)
+    raise LiveError(f"{base_url}: the client fell behind the trace's schedule by {', '.join(f'{g:.2f}' for g in lags)} "
+                    f"s in {attempts} tries (the contract allows {slack:g} s): this machine is too loaded for "
+                    f"{tick_seconds:g} s per tick; give a larger --cbatch-tick-seconds")
 
-        def clock() -> float:
-            return time.perf_counter() - origin
 
-        events: list[dict[str, Any]] = []
-        streams: dict[str, Stream] = {}
-        tasks: dict[str, asyncio.Task[Stream]] = {}
-        cancelled: dict[str, float] = {}
+async def _replay_once(client: Any, model: str, trace: list[dict[str, Any]], config: Mapping[str, Any],
+                       base_url: str, api: str, tick_seconds: float, timeout: float, seed: int,
+                       slack: float) -> tuple[dict[str, Any] | None, float]:
+    """One replay: (the report, 0) or, when an arrival or a cancel went out more than ``slack`` seconds
+    after its scheduled moment, (None, how late it was)."""
+    url = url_for(base_url, "/chat/completions" if api == "chat" else "/completions")
+    origin = time.perf_counter()
+
+    def clock() -> float:
+        return time.perf_counter() - origin
+
+    events: list[dict[str, Any]] = []
+    streams: dict[str, Stream] = {}
+    tasks: dict[str, asyncio.Task[Stream]] = {}
+    cancelled: dict[str, float] = {}
+    try:
         for line in trace:
-            delay = line["time"] * tick_seconds - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            due = line["time"] * tick_seconds
+            if due > clock():
+                await asyncio.sleep(due - clock())
             now, rid = clock(), line["id"]
+            if now - due > slack:
+                return None, now - due
             if line["event"] == "arrival":
                 state = streams[rid] = Stream(url, sent=now, prompt_tokens=line["prompt_tokens"])
                 payload = build_payload(api, model, prompt_words(seed, rid, line["prompt_tokens"]),
@@ -162,10 +197,11 @@ async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_ur
             cancelled[rid] = now
             events.append({"time": now, "event": "cancelled", "id": rid})
         await asyncio.wait(list(tasks.values()), timeout=timeout + 5.0)
+    finally:
         for task in tasks.values():
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
-        duration = clock()
+    duration = clock()
     requests = {}
     for rid, state in streams.items():
         row, own = _request(rid, state, cancelled.get(rid))
@@ -182,7 +218,7 @@ async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_ur
         "requests": requests,
         "events": events,
         "summary": {**counts, "duration": duration},
-    }
+    }, 0.0
 
 
 def _status(state: Stream) -> str:

@@ -159,7 +159,12 @@ class OpenAIServer:
                 return await self._stream(request, req, job, rid)
             return await self._whole(request, req, job, rid)
         finally:
-            self.engine.abort(job)   # a disconnect, an error or a cancelled handler; harmless when finished
+            self.closed(job)
+
+    def closed(self, job: Job) -> None:
+        """The handler is done with ``job`` (it finished, failed, or its client went away): cancel whatever of
+        it still runs, which frees its pages.  Harmless when it finished."""
+        self.engine.abort(job)
 
     async def _wait(self, request: Any, job: Job) -> bool:
         """Wait for news on ``job``; False when the client has gone away."""
@@ -305,10 +310,11 @@ class ServerThread:
     """``server`` on 127.0.0.1 and a free port, in a background thread (for tests and examples).
 
     ``with ServerThread(server) as url: ...`` starts it, waits until it
-    listens (at most ``start_timeout`` seconds) and stops it on exit.
+    listens (at most ``start_timeout`` seconds: a limit for a server that cannot start, generous because a
+    loaded machine may take seconds) and stops it on exit.
     """
 
-    def __init__(self, server: OpenAIServer, start_timeout: float = 10.0) -> None:
+    def __init__(self, server: OpenAIServer, start_timeout: float = 60.0) -> None:
         self.server = server
         self.start_timeout = start_timeout
         self.port = 0

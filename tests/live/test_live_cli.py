@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import select
 import subprocess
 import sys
 import urllib.request
@@ -65,10 +66,11 @@ def test_cbatch_serve_starts_and_answers(tmp_path: Path) -> None:
     proc = subprocess.Popen([sys.executable, "-m", "pytest_cbatch.cli", "serve", "--port", "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        line = proc.stdout.readline()
+        ready, _, _ = select.select([proc.stdout], [], [], 120)   # a limit for a server that hangs
+        line = proc.stdout.readline() if ready else ""
         match = re.search(r"http://127\.0\.0\.1:(\d+)/v1", line)
-        assert match, (line, proc.stderr.read() if proc.poll() is not None else "")
-        with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/v1/models", timeout=10) as resp:
+        assert match, (line, proc.stderr.read() if proc.poll() is not None else "no line within 120 s")
+        with urllib.request.urlopen(f"http://127.0.0.1:{match.group(1)}/v1/models", timeout=60) as resp:
             assert json.loads(resp.read())["data"][0]["id"] == "cbatch-synthetic"
     finally:
         proc.terminate()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import urllib.request
 from typing import Any
 
 import pytest
+from aiohttp import web
 
 from pytest_cbatch.impls import resolve_impl
+from pytest_cbatch.live.server import OpenAIServer
 from pytest_cbatch.reference.scheduler_sim import demo_trace
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
 from pytest_cbatch.workloads import BASE_CONFIG
@@ -28,7 +31,7 @@ def judge_all(url: str, trace: list[dict[str, Any]]) -> dict[str, Any]:
     return {cid: judge.judge(cid, trace, BASE_CONFIG) for cid in ALL_CLAUSES if cid != "invalid_input_refused"}
 
 
-def test_http_impl_passes_client_clauses_and_cancels_before_first_token(slow_url: str) -> None:
+def test_http_impl_passes_client_clauses_on_the_demo_trace(slow_url: str) -> None:
     results = judge_all(slow_url, demo_trace())
     ran = {cid for cid, r in results.items() if r.status != "skip"}
     assert set(CLIENT_CLAUSES) <= ran, sorted(set(CLIENT_CLAUSES) - ran)
@@ -36,12 +39,36 @@ def test_http_impl_passes_client_clauses_and_cancels_before_first_token(slow_url
     assert not failed
     report = results["completes"].report
     assert report["time_unit"] == "seconds" and report["config"]["tick_seconds"] == 0.05
-    row = report["requests"]["cancel-me"]
-    assert row["status"] == "cancelled" and row["ttft_ticks"] is None and row["token_times"] == []
-    cancel = next(e for e in report["events"] if e["event"] == "cancelled")
-    assert 0.10 <= cancel["time"] < 0.10 + 0.05       # at (or just after) its scheduled moment, tick 2
+    cancel = next(e for e in report["events"] if e["event"].startswith("cancel"))
+    assert cancel["id"] == "cancel-me" and cancel["time"] >= 0.10     # never before its moment, tick 2
     long = report["requests"]["long"]
-    assert long["output_tokens"] == long["usage_completion_tokens"] == 4 and len(long["itl_ticks"]) == 3
+    assert long["output_tokens"] == long["usage_completion_tokens"] == 4
+    # one ITL entry per frame: a writer that fell behind may have put two tokens in one
+    assert len(long["itl_ticks"]) == len(set(long["token_times"])) - 1
+
+
+class NeverStarts(OpenAIServer):
+    """Accepts every stream and sends nothing until its client goes away (a request stuck in a queue)."""
+
+    async def _stream(self, request: Any, req: Any, job: Any, rid: str) -> Any:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        while await self._wait(request, job):
+            pass
+        return resp
+
+
+def test_a_cancel_before_the_first_token_has_no_ttft(serve: Any) -> None:
+    from pytest_cbatch.contract import check_report
+
+    url = serve(server_class=NeverStarts, tick_ms=5)
+    trace = [{"time": 0, "event": "arrival", "id": "r", "prompt_tokens": 2, "output_tokens": 3},
+             {"time": 2, "event": "cancel", "id": "r"}]
+    report = resolve_impl(url, tick_seconds=0.05).run(trace, BASE_CONFIG).report
+    row = report["requests"]["r"]
+    assert row["status"] == "cancelled" and row["ttft_ticks"] is None and row["token_times"] == [], row
+    assert [e["event"] for e in report["events"]] == ["arrival", "cancelled"]
+    assert check_report(report, trace, BASE_CONFIG) == []
 
 
 def test_pytest_run_against_the_embedded_server(pytester: pytest.Pytester, slow_url: str) -> None:
@@ -61,8 +88,8 @@ def test_broken_server_sending_a_token_twice_fails_its_clauses(serve: Any) -> No
     results = judge_all(url, demo_trace())
     failed = {cid for cid, r in results.items() if r.status == "fail"}
     assert {"no_duplicate_emission", "finished_outputs_complete", "usage_agrees"} <= failed, failed
-    message = str(results["no_duplicate_emission"].violations[0])
-    assert "repeats an index" in message and "'long'" in message
+    messages = [str(v) for v in results["no_duplicate_emission"].violations]
+    assert any("repeats an index" in m and "'long'" in m for m in messages), messages
 
 
 def test_broken_server_inventing_a_first_token_is_caught(serve: Any) -> None:
@@ -71,8 +98,8 @@ def test_broken_server_inventing_a_first_token_is_caught(serve: Any) -> None:
     url = serve(server_class=InventedTokenServer, **SLOW)
     results = judge_all(url, demo_trace())
     report = results["completes"].report
-    # the stream the trace cancels before its first real token now shows an (invented) TTFT ...
-    assert report["requests"]["cancel-me"]["ttft_ticks"] is not None
+    # a request run to its end shows the invented token as one more output ...
+    assert report["requests"]["long"]["output_tokens"] == 5
     # ... and the server's own running count numbers its first real token 1 again
     assert results["no_duplicate_emission"].status == "fail"
 
@@ -109,35 +136,6 @@ def test_endpoints_chat_whole_bodies_and_metrics(serve: Any) -> None:
     assert 'vllm:time_to_first_token_seconds_count{model_name="%s"} 2' % model in text
 
 
-def test_client_disconnect_cancels_and_frees_pages(serve: Any) -> None:
-    from pytest_cbatch.live.client import build_payload, session, stream, Stream
-
-    url = serve(tick_ms=20)
-
-    async def main() -> None:
-        async with session(10) as client:
-            state = Stream(url, sent=0.0)
-            task = asyncio.create_task(stream(client, url + "/v1/completions",
-                                              build_payload("completions", "cbatch-synthetic", "1 2", 1000), state))
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if state.frames:
-                    break
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            assert state.frames and not state.done
-
-    asyncio.run(main())
-    for _ in range(100):
-        metrics = _get(url + "/metrics")[2]
-        if 'vllm:num_requests_running{model_name="cbatch-synthetic"} 0' in metrics and \
-                'vllm:kv_cache_usage_perc{model_name="cbatch-synthetic"} 0.0' in metrics:
-            break
-        asyncio.run(asyncio.sleep(0.05))
-    else:
-        pytest.fail(f"the disconnected request still runs or holds pages:\n{metrics}")
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -151,10 +149,6 @@ def test_unreachable_server_is_one_clear_refusal() -> None:
 
 
 def test_http_error_and_malformed_streams_name_the_url(serve: Any) -> None:
-    from aiohttp import web
-
-    from pytest_cbatch.live.server import OpenAIServer
-
     class Garbage(OpenAIServer):
         async def completions(self, request: Any) -> Any:
             body = await request.json()
@@ -165,14 +159,14 @@ def test_http_error_and_malformed_streams_name_the_url(serve: Any) -> None:
     url = serve(server_class=Garbage, tick_ms=5)
     trace = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 1},
              {"time": 0, "event": "arrival", "id": "b", "prompt_tokens": 2, "output_tokens": 2}]
-    report = resolve_impl(url, timeout=5).run(trace, BASE_CONFIG).report
+    report = resolve_impl(url, timeout=60).run(trace, BASE_CONFIG).report
     a, b = report["requests"]["a"], report["requests"]["b"]
     assert a["status"] == b["status"] == "rejected"
     assert a["error"].startswith(url) and "malformed stream: data frame is not JSON" in a["error"]
     assert "not an event stream" in b["error"]
     good = serve(**SLOW)
     big = [{"time": 0, "event": "arrival", "id": "huge", "prompt_tokens": 300, "output_tokens": 4}]
-    row = resolve_impl(good, timeout=5).run(big, BASE_CONFIG).report["requests"]["huge"]
+    row = resolve_impl(good, timeout=60).run(big, BASE_CONFIG).report["requests"]["huge"]
     assert row["status"] == "rejected" and "HTTP 400" in row["error"] and "never fit" in row["error"]
 
 
@@ -187,19 +181,61 @@ def test_a_cancel_after_the_finish_frame_is_ignored(serve: Any) -> None:
     """vLLM sends finish_reason with the last token, then the usage frame and [DONE]: a cancel landing in
     between comes too late to cancel anything (the request finished with all its tokens)."""
     from pytest_cbatch.contract import check_report
-    from pytest_cbatch.live.server import OpenAIServer
 
     class LateDone(OpenAIServer):
         async def send(self, resp: Any, frame: dict[str, Any]) -> None:
             if not frame.get("choices"):
-                await asyncio.sleep(0.4)    # the usage frame (and [DONE]) long after the finish frame
+                await asyncio.sleep(3.0)    # the usage frame (and [DONE]) 3 s after the finish frame
             await super().send(resp, frame)
 
     url = serve(server_class=LateDone, tick_ms=5)
+    # The cancel, 1 s after the arrival, falls between the finish frame (two 5 ms server ticks after
+    # it) and the usage frame (3 s later): about a second of margin before it, two after.
     trace = [{"time": 0, "event": "arrival", "id": "r", "prompt_tokens": 2, "output_tokens": 2},
-             {"time": 4, "event": "cancel", "id": "r"}]
-    report = resolve_impl(url, tick_seconds=0.05, timeout=5).run(trace, BASE_CONFIG).report
+             {"time": 20, "event": "cancel", "id": "r"}]
+    report = resolve_impl(url, tick_seconds=0.05).run(trace, BASE_CONFIG).report
     ignored = next(e for e in report["events"] if e["event"].startswith("cancel"))
     assert ignored["event"] == "cancel_ignored" and ignored["status"] == "finished", ignored
     assert report["requests"]["r"]["status"] == "finished" and report["requests"]["r"]["output_tokens"] == 2
     assert check_report(report, trace, BASE_CONFIG) == []
+
+
+class StallingClock:
+    """Stands in for the replay's ``time``: from the ``since``-th reading on, each reading jumps ``jump`` s
+    further ahead, as if the client had been starved that long between two lines of the trace."""
+
+    def __init__(self, since: int, jump: float, until: int | None = None) -> None:
+        self.since, self.jump, self.until = since, jump, until
+        self.readings, self.offset = 0, 0.0
+
+    def perf_counter(self) -> float:
+        self.readings += 1
+        if self.readings >= self.since and (self.until is None or self.readings < self.until):
+            self.offset += self.jump
+        return time.perf_counter() + self.offset
+
+
+TWO_LINES = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 2},
+             {"time": 1, "event": "arrival", "id": "b", "prompt_tokens": 2, "output_tokens": 1}]
+
+
+def test_a_replay_whose_client_fell_behind_is_replayed(serve: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cbatch.contract import check_report
+    from pytest_cbatch.live import replay
+
+    # the first run's second reading comes 30 s late: that run is void, the second keeps the schedule
+    clock = StallingClock(since=2, jump=30.0, until=3)
+    monkeypatch.setattr(replay, "time", clock)
+    report = resolve_impl(serve(**SLOW), tick_seconds=0.05).run(TWO_LINES, BASE_CONFIG).report
+    assert report is not None and check_report(report, TWO_LINES, BASE_CONFIG) == []
+    assert [r["status"] for r in report["requests"].values()] == ["finished", "finished"]
+
+
+def test_a_client_that_never_keeps_the_schedule_is_one_clear_refusal(serve: Any,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_cbatch.live import replay
+
+    monkeypatch.setattr(replay, "time", StallingClock(since=2, jump=30.0))
+    out = resolve_impl(serve(**SLOW), tick_seconds=0.05).run(TWO_LINES, BASE_CONFIG)
+    assert out.report is None and "the client fell behind the trace's schedule by" in out.refused, out
+    assert "in 3 tries (the contract allows 1 s)" in out.refused and "--cbatch-tick-seconds" in out.refused

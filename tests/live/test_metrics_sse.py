@@ -8,6 +8,7 @@ import pytest
 
 from pytest_cbatch.live.invariance import Run, ladder, ulp_distance, verdict
 from pytest_cbatch.live.metrics import RequestRecord, e2el, itl, knee, percentile, summarize, tpot, ttft
+from pytest_cbatch.live.prometheus import labelled_total
 from pytest_cbatch.live.sse import SSEDecoder, StreamFormatError, choice_tokens, parse_data
 
 
@@ -110,3 +111,11 @@ def test_ulp_distance_and_verdicts() -> None:
     assert verdict(base, Run([1, 5, 3], [-1.0, -2.0, -3.0])) == {
         "verdict": "diverged", "first_divergent_token": 1, "max_ulp": None}
     assert ladder(8) == [1, 2, 4, 8] and ladder(6) == [1, 2, 4, 6] and ladder(1) == [1]
+
+
+def test_labelled_total_selects_one_label_value() -> None:
+    samples = {'vllm:request_success_total{engine="0",finished_reason="abort",model_name="tiny"}': 2.0,
+               'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"}': 5.0,
+               'vllm:request_success_total_created{finished_reason="abort"}': 9.0}
+    assert labelled_total(samples, "vllm:request_success_total", "finished_reason", "abort") == 2.0
+    assert labelled_total(samples, "vllm:request_success_total", "finished_reason", "stop") == 0.0

@@ -120,10 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base-url", required=True)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
     try:
-        doc = probe(args.base_url, streams=args.streams, max_tokens=args.max_tokens)
+        doc = probe(args.base_url, streams=args.streams, max_tokens=args.max_tokens, timeout=args.timeout)
     except (LiveError, OSError, KeyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

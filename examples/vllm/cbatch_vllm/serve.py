@@ -79,11 +79,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _flag_groups(args: Sequence[str]) -> list[list[str]]:
+    """``args`` cut into one group per option: the option and the values that follow it."""
+    groups: list[list[str]] = []
+    for arg in args:
+        if arg.startswith("--") or not groups:
+            groups.append([arg])
+        else:
+            groups[-1].append(arg)
+    return groups
+
+
 def server_command(model: str | Path, port: int, *, python: str = sys.executable,
                    served_model_name: str = SERVED_MODEL_NAME, extra_args: Sequence[str] = ()) -> list[str]:
-    """The command line that serves ``model`` on 127.0.0.1:``port`` with :data:`SERVER_FLAGS`."""
+    """The command line that serves ``model`` on 127.0.0.1:``port`` with :data:`SERVER_FLAGS`.
+
+    An option of ``extra_args`` replaces the same option of SERVER_FLAGS (``--max-model-len 32768``,
+    ``--max-model-len=32768``), so vLLM sees each once.
+    """
+    given = {group[0].split("=", 1)[0] for group in _flag_groups(extra_args)}
+    kept = [arg for group in _flag_groups(SERVER_FLAGS) if group[0] not in given for arg in group]
     return [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", served_model_name, "--port", str(port), *SERVER_FLAGS, *extra_args]
+            "--served-model-name", served_model_name, "--port", str(port), *kept, *extra_args]
 
 
 def server_env(workdir: Path, *, threads: int | None = 1, base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -148,17 +165,21 @@ def stop(process: subprocess.Popen, grace: float = 20.0) -> None:
 
 @contextmanager
 def serve(model: str | Path, *, port: int = 0, threads: int | None = 1, extra_args: Sequence[str] = (),
-          startup_timeout: float = 180.0, python: str = sys.executable,
+          startup_timeout: float = 600.0, python: str = sys.executable,
           workdir: str | Path | None = None) -> Iterator[Server]:
     """Serve ``model`` until the block ends; yields the ready :class:`Server`.
 
     ``port`` 0 picks a free one.  Ready means ``/health`` answered 200 within
     ``startup_timeout`` seconds; otherwise the server is stopped and
-    :class:`ServerError` is raised with the end of its log.  ``workdir``
+    :class:`ServerError` is raised with the end of its log (a server that
+    exits is reported at once; the limit is for one that hangs, and is
+    generous: on a loaded 2-core machine vLLM's imports alone took 230 s).  ``workdir``
     (default: a fresh temporary directory, removed at the end; a given one is
     kept) holds the log (``server.log``) and the server's cache and temporary
-    directories.  ``extra_args`` are appended to the command line (for example
-    ``["--num-gpu-blocks-override", "40"]`` to force preemption).
+    directories.  ``extra_args`` go to vLLM's server, replacing the same
+    options of :data:`SERVER_FLAGS` (for example ``["--max-model-len",
+    "128", "--num-gpu-blocks-override", "5"]``: a KV pool of 4 usable blocks
+    that preempts under load).
     """
     owned = workdir is None
     root = Path(tempfile.mkdtemp(prefix="cbatch-vllm-server-") if owned else workdir)
@@ -202,7 +223,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     threads.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the server (default 1)")
     threads.add_argument("--no-pin-threads", dest="threads", action="store_const", const=None,
                          help="leave OMP_NUM_THREADS unset (vLLM then picks the torch thread count itself)")
-    parser.add_argument("--startup-timeout", type=float, default=180.0, help="seconds to wait for /health")
+    parser.add_argument("--startup-timeout", type=float, default=600.0,
+                        help="seconds to wait for /health (default 600; a server that exits is reported at once)")
     parser.add_argument("--workdir", help="keep the log and caches here (default: a temporary directory, removed)")
     parser.add_argument("--ready-file", help="write {url, pid, log, ready_seconds} as JSON here once ready")
     args, extra = parser.parse_known_args(argv)

@@ -4,7 +4,7 @@
 ``python -m vllm.entrypoints.openai.api_server --model DIR``) loads without any
 download: a seeded, randomly initialised ``LlamaForCausalLM`` in float32
 (hidden 128, intermediate 256, 2 layers, 4 heads, 2 KV heads,
-``max_position_embeddings`` 2048) saved as safetensors (about 2.2 MB), its
+``max_position_embeddings`` 32768) saved as safetensors (about 2.2 MB), its
 ``generation_config.json``, and a byte-level BPE tokenizer of vocabulary 1024
 trained with ``tokenizers`` on seeded generated text and saved through
 ``PreTrainedTokenizerFast`` with ``<s>`` (bos), ``</s>`` (eos) and ``<pad>``.
@@ -32,7 +32,9 @@ TINY_LLAMA = {
     "num_hidden_layers": 2,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
+    # Rotary positions have no weights, so a long context costs nothing; the abort check
+    # serves it with --max-model-len 32768, for streams that cannot finish while it watches.
+    "max_position_embeddings": 32768,
     "vocab_size": VOCAB_SIZE,
 }
 _WORDS = ("the", "a", "request", "token", "batch", "page", "cache", "queue", "prefill", "decode", "stream",
