@@ -432,3 +432,37 @@ def test_a_closed_pipe_is_not_a_traceback(argv: list[str]) -> None:
     err = proc.stderr.read().decode()
     proc.wait(60)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+LIFECYCLE_CRASH = '''
+from pytest_cbatch.reference.scheduler_sim import PagedKV as _PagedKV
+
+
+def _lookup(pool, owner):
+    return pool.tables["lost-" + str(owner)]
+
+
+class PagedKV(_PagedKV):
+    def release(self, owner):
+        _lookup(self, owner)
+        return super().release(owner)
+'''
+
+
+def test_a_crash_in_a_lifecycle_method_shows_the_implementations_file_and_line(tmp_path: Path) -> None:
+    import importlib.util
+
+    from pytest_cbatch.lifecycle import lifecycle_verdicts
+
+    path = tmp_path / "crashkv.py"
+    path.write_text(LIFECYCLE_CRASH)
+    spec = importlib.util.spec_from_file_location("crashkv", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    verdicts = lifecycle_verdicts("allocator", module, max_failures=1)
+    failed = [v.message for v in verdicts.values() if v.status == "fail"]
+    assert failed, verdicts
+    text = failed[0]
+    assert "traceback of the implementation" in text, text
+    assert f'crashkv.py", line {line_of(path, "return pool.tables")}, in _lookup' in text, text
+    assert "machine.py" not in text and "KeyError: 'lost-" in text, text

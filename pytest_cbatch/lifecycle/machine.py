@@ -24,12 +24,15 @@ import functools
 import inspect
 import os
 import re
+import traceback
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any, TypeVar
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
+from ..bounded import implementation_frames
+from ..explain import stack_lines
 from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
 from .oracle import PoolOracle
 
@@ -195,7 +198,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         try:
             result = fn(*args)
         except Exception as exc:
-            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}{why and f' ({why})'}", code)
+            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}{why and f' ({why})'}{_crash(exc)}", code)
         self.record(f"_ = {code}" if capture else code)
         return result
 
@@ -211,8 +214,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         except Exception as exc:
             allowed = _names(expected) + (" or return" if returns is ANY else
                                           "".join(f" or return {value!r}" for value in returns))
-            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}",
-                      code)
+            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}"
+                              f"{_crash(exc)}", code)
         if returns is ANY or any(result is value for value in returns):
             self.record(code)
             return result
@@ -431,3 +434,12 @@ def bind(base: type[LifecycleMachine], part: str, impl: object,
              "shortest": Shortest(), "__doc__": base.__doc__, "__module__": base.__module__}
     return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
 
+
+def _crash(exc: BaseException) -> str:
+    """The implementation's own frames of an unexpected exception (file and line), as lines to append to a
+    violation's message; nothing when every frame is the kit's (a remote object's proxy, for one)."""
+    frames = implementation_frames(traceback.walk_tb(exc.__traceback__))
+    if not frames:
+        return ""
+    text = "".join(frames.format()) + "".join(traceback.format_exception_only(type(exc), exc))
+    return "\n" + "\n".join(stack_lines(text, stopped=False))
