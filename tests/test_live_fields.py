@@ -172,3 +172,21 @@ def test_coalesced_frames_with_usage_only_at_the_end_count_from_usage(serve: Any
     for cid in ("completes", "schema_valid", "terminal_exactly_once", "arrival_matches_trace", "time_monotonic"):
         assert results[cid].status == "pass", (cid, results[cid])
     assert not [cid for cid, r in results.items() if r.status == "fail"]
+
+
+def test_a_token_without_text_is_counted_from_usage(serve: Any) -> None:
+    """A one-token stream whose token decodes to no text yet (a partial character): an empty finish frame
+    with usage 1.  Nothing in the stream counts it, so per-token events are not observable."""
+    async def silent(request: Any, body: dict[str, Any]) -> Any:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        doc = {"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+               "usage": {"prompt_tokens": 1, "completion_tokens": body["max_tokens"], "total_tokens": 2}}
+        await resp.write(f"data: {json.dumps(doc)}\n\n".encode())
+        return resp
+
+    trace = [{"time": 0, "event": "arrival", "id": "b", "prompt_tokens": 1, "output_tokens": 1}]
+    results = _judge(serve(App(silent)), trace)
+    report = results["completes"].report
+    assert "token" not in report["observed"] and report["requests"]["b"]["output_tokens"] == 1
+    assert not [cid for cid, r in results.items() if r.status == "fail"]

@@ -104,6 +104,7 @@ class Stream:
     error: str | None = None
     http_status: int | None = None         # the server's status when it answered with an error
     guessed: int = 0                       # token frames counted as one token from their text alone
+    exact: int = 0                         # token frames counted from token ids, logprobs or a running count
     running_count: bool = False            # usage came with a frame before the finish: a running count
 
     @property
@@ -113,8 +114,11 @@ class Stream:
     @property
     def counts_known(self) -> bool:
         """Whether each frame's token count is known: from token ids, logprobs tokens or a running usage count,
-        or, for frames with text only, confirmed by a final usage equal to one token per frame."""
-        return self.guessed == 0 or self.usage_tokens == self.tokens
+        or confirmed by a final usage equal to the tokens counted (one per text frame).  A stream with no such
+        frame whose usage says more (a token whose text is a partial character) is not."""
+        if self.usage_tokens == self.tokens:
+            return True
+        return self.guessed == 0 and (self.exact > 0 or self.usage_tokens is None)
 
     def record(self, status: str) -> RequestRecord:
         """The metrics view of this stream, ended with ``status``."""
@@ -222,7 +226,9 @@ def _consume(state: Stream, data: str, now: float) -> bool:
             # this frame claims to carry; a repeated frame then repeats indices.
             counted = state.running_count and isinstance(running, int)
             first = running - got.count + 1 if counted else state.tokens + 1
-            if not (counted or got.token_ids is not None or got.logprobs is not None):
+            if counted or got.token_ids is not None or got.logprobs is not None:
+                state.exact += 1
+            else:
                 state.guessed += 1
             state.frames.append(Frame(now, got.count, first, got.text, got.token_ids))
     if isinstance(running, int) and (not doc.get("choices") or not state.running_count):
