@@ -25,7 +25,7 @@ from . import LiveError, fields, require
 from .metrics import RequestRecord
 from .sse import SSEDecoder, StreamFormatError, choice_tokens, parse_data
 
-__all__ = ["API_ROUTES", "Stream", "Frame", "build_payload", "prompt_words", "stream", "get_json",
+__all__ = ["API_ROUTES", "Stream", "Frame", "build_payload", "prompt_words", "post", "stream", "get_json",
            "first_model", "session", "url_for"]
 
 API_ROUTES = {"completions": "/completions", "chat": "/chat/completions"}
@@ -153,6 +153,21 @@ async def _http_error(resp: Any) -> str:
     return f"HTTP {resp.status}: {message}".strip()
 
 
+async def post(client: Any, url: str, payload: dict[str, Any]) -> Any:
+    """POST ``payload`` to ``url`` as the route takes it: sent once more without the optional fields when the
+    route refuses them, which is then remembered (:mod:`.fields`).  Returns the aiohttp response."""
+    route = fields.for_route(url)
+    body = route.prepare(payload)
+    resp = await client.post(url, json=body)
+    if resp.status != 200 and route.can_retry(body, resp.status):
+        refusal = await _http_error(resp)
+        resp.release()
+        resp = await client.post(url, json=route.retry_body(body))
+        if resp.status == 200:
+            route.learn(refusal)
+    return resp
+
+
 async def stream(client: Any, url: str, payload: dict[str, Any], state: Stream,
                  clock: Callable[[], float] = time.perf_counter) -> Stream:
     """POST ``payload`` to ``url`` and read its event stream into ``state`` (choice 0), timing each frame.
@@ -160,16 +175,8 @@ async def stream(client: Any, url: str, payload: dict[str, Any], state: Stream,
     Cancelling the task closes the connection; ``state`` keeps what arrived.
     """
     aiohttp = require("aiohttp", "live servers")
-    route = fields.for_route(url)
     try:
-        body = route.prepare(payload)
-        resp = await client.post(url, json=body)
-        if resp.status != 200 and route.can_retry(body, resp.status):
-            refusal = await _http_error(resp)
-            resp.release()
-            resp = await client.post(url, json=route.retry_body(body))
-            if resp.status == 200:
-                route.learn(refusal)
+        resp = await post(client, url, payload)
         async with resp:
             if resp.status != 200:
                 state.http_status = resp.status
