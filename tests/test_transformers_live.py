@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed here: build its venv with "
                                            ".ci/transformers-venv and run .ci/transformers-server-job")
-pytest.importorskip("cbatch_transformers.serve", reason="the transformers adapter is not installed: "
+serve = pytest.importorskip("cbatch_transformers.serve", reason="the transformers adapter is not installed: "
                                                         "pip install -e examples/transformers")
 pytest.importorskip("aiohttp", reason="the live client needs the live extra")
 
@@ -43,12 +38,6 @@ PROMPT = "the cache holds pages"
 LENGTH = 600     # tokens; the control test checks the prompt's greedy continuation has no end-of-sequence
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _get_json(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as resp:
         return json.loads(resp.read())
@@ -57,37 +46,12 @@ def _get_json(url: str) -> Any:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("serve-live")
-    env = {**os.environ, "HF_HOME": str(work / "hf-home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    port = _free_port()
-    log_path = work / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "cbatch_transformers.serve", "--work", str(work),
-                                 "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"the server exited {proc.returncode}:\n{log_path.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5).close()
-                break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"the server did not answer /health in {STARTUP_SECONDS} s")
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
+        with serve.running(["-m", "cbatch_transformers.serve", "--work", str(work)], work,
+                           startup_seconds=STARTUP_SECONDS) as url:
+            yield url
+    except serve.ServerStartError as exc:
+        pytest.fail(str(exc))
 
 
 def _until_idle(url: str) -> list[dict[str, int]]:
