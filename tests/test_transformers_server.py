@@ -8,12 +8,6 @@ server for the module, started with a bounded wait and stopped with SIGTERM, the
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -25,15 +19,10 @@ pytest.importorskip("transformers", reason="transformers is not installed here: 
                                            ".ci/transformers-venv and run .ci/transformers-job")
 model_path = pytest.importorskip("cbatch_transformers.model_path", reason="the transformers adapter is not "
                                                                          "installed: pip install -e examples/transformers")
+serve = pytest.importorskip("cbatch_transformers.serve")
 
 REPO = "cbatch/tiny-llama"
 STARTUP_SECONDS = 240
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -58,39 +47,14 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
     """The server on a free port; the hub cache starts absent (HF_HOME/hub does not exist)."""
     work = tmp_path_factory.mktemp("serve")
     model = model_path.make_tiny_model(work / "model", seed=0)
-    env = {**os.environ, "HF_HOME": str(work / "hf-home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    port = _free_port()
-    cli = [sys.executable, "-c", "from transformers.cli.transformers import main; main()"]
-    log = (work / "server.log").open("w")
-    proc = subprocess.Popen([*cli, "serve", str(model), "--continuous-batching", "--device", "cpu", "--dtype",
-                             "float32", "--attn-implementation", "sdpa", "--cb-num-blocks", "64", "--cb-block-size",
-                             "16", "--cb-max-batch-tokens", "128", "--host", "127.0.0.1", "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + STARTUP_SECONDS
+    args = ["-c", "from transformers.cli.transformers import main; main()", "serve", str(model),
+            "--continuous-batching", "--device", "cpu", "--dtype", "float32", "--attn-implementation", "sdpa",
+            "--cb-num-blocks", "64", "--cb-block-size", "16", "--cb-max-batch-tokens", "128", "--host", "127.0.0.1"]
     try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"transformers serve exited {proc.returncode}:\n{(work / 'server.log').read_text()[-2000:]}")
-            try:
-                if _get(url + "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"transformers serve did not answer /health in {STARTUP_SECONDS} s")
-            time.sleep(0.5)
-        yield url, model
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
-        log.close()
+        with serve.running(args, work, startup_seconds=STARTUP_SECONDS) as url:
+            yield url, model
+    except serve.ServerStartError as exc:
+        pytest.fail(f"transformers serve: {exc}")
 
 
 def test_listing_models_without_a_hub_cache_directory_is_a_server_error(server: tuple[str, Path]) -> None:

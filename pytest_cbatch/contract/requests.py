@@ -281,20 +281,24 @@ def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
         "A finished request emitted exactly its requested output tokens, its finished event at its last token's "
         "time (client-side: at or after it); a request that is not finished emitted fewer.",
         "Finishing early truncates answers; emitting more than asked ignores max_tokens.", needs=("token", "finished"),
-        admits="client-side, the finish frame after the last token frame",
+        admits=("client-side, the finish frame after the last token frame; client-side, where the server refused "
+                "ignore_eos (server.ignore_eos false), fewer tokens for a row whose finish_reason is 'stop' (an "
+                "end-of-sequence token: its length could not be forced)"),
         reads=("trace.output_tokens", "events[token].time", "events[finished].time", "events[cancelled]",
-               "events[rejected]"),
+               "events[rejected]", "server.ignore_eos", "requests.*.finish_reason"),
         compares={
             "number of events[token]": "exactly its requested output tokens",
             "events[finished].time": "its finished event at its last token's time",
         })
 def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
+    unforced = ix.report.get("server", {}).get("ignore_eos") is False
     for rid, line in ix.arrivals.items():
         end = ix.terminal(rid)
         tokens = ix.tokens(rid)
         want = line["output_tokens"]
         if end is not None and end[1] == "finished":
-            if len(tokens) != want:
+            stopped = unforced and ix.report["requests"].get(rid, {}).get("finish_reason") == "stop"
+            if len(tokens) != want and not (stopped and len(tokens) < want):
                 yield ix.violation("finished_outputs_complete", f"finished after {len(tokens)} of {want} requested "
                                                                 f"tokens", rid, end[0])
             else:
@@ -459,7 +463,7 @@ def _alone_since(ix: ReportIndex) -> dict[str, float]:
         "Where a request row carries the server's own completion token count (usage_completion_tokens, "
         "client-side reports), it equals the tokens the client counted in the stream.",
         "A stream that loses or invents tokens while the usage frame says otherwise hides output from the client.",
-        reads=("requests.*.usage_completion_tokens", "events[token]"),
+        needs=("token",), reads=("requests.*.usage_completion_tokens", "events[token]"),
         compares={
             "requests.*.usage_completion_tokens": "it equals the tokens the client counted in the stream",
         })

@@ -5,7 +5,10 @@ that cancels the task (a trace cancel) still holds everything seen so far.
 Every failure is recorded as ``Stream.error``, a message naming the URL and
 what was wrong (HTTP status and the server's message, a refused connection,
 a body that is not an event stream, a malformed frame, a stream that ended
-without ``[DONE]``, a timeout); :func:`stream` itself never raises for them.
+without ``[DONE]`` and without a finish_reason, a timeout); :func:`stream`
+itself never raises for them.  A stream that carried a finish_reason and then
+ended without ``[DONE]`` (``transformers serve``) is complete.  A route that
+refuses the optional fields is retried once without them (:mod:`.fields`).
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import LiveError, require
+from . import LiveError, fields, require
 from .metrics import RequestRecord
 from .sse import SSEDecoder, StreamFormatError, choice_tokens, parse_data
 
-__all__ = ["API_ROUTES", "Stream", "Frame", "build_payload", "prompt_words", "stream", "get_json",
+__all__ = ["API_ROUTES", "Stream", "Frame", "build_payload", "prompt_words", "post", "stream", "get_json",
            "first_model", "session", "url_for"]
 
 API_ROUTES = {"completions": "/completions", "chat": "/chat/completions"}
@@ -99,10 +102,23 @@ class Stream:
     done: bool = False                     # [DONE] (or a complete non-streamed body) was received
     ended: float | None = None
     error: str | None = None
+    http_status: int | None = None         # the server's status when it answered with an error
+    guessed: int = 0                       # token frames counted as one token from their text alone
+    exact: int = 0                         # token frames counted from token ids, logprobs or a running count
+    running_count: bool = False            # usage came with a frame before the finish: a running count
 
     @property
     def tokens(self) -> int:
         return sum(f.tokens for f in self.frames)
+
+    @property
+    def counts_known(self) -> bool:
+        """Whether each frame's token count is known: from token ids, logprobs tokens or a running usage count,
+        or confirmed by a final usage equal to the tokens counted (one per text frame).  A stream with no such
+        frame whose usage says more (a token whose text is a partial character) is not."""
+        if self.usage_tokens == self.tokens:
+            return True
+        return self.guessed == 0 and (self.exact > 0 or self.usage_tokens is None)
 
     def record(self, status: str) -> RequestRecord:
         """The metrics view of this stream, ended with ``status``."""
@@ -137,6 +153,21 @@ async def _http_error(resp: Any) -> str:
     return f"HTTP {resp.status}: {message}".strip()
 
 
+async def post(client: Any, url: str, payload: dict[str, Any]) -> Any:
+    """POST ``payload`` to ``url`` as the route takes it: sent once more without the optional fields when the
+    route refuses them, which is then remembered (:mod:`.fields`).  Returns the aiohttp response."""
+    route = fields.for_route(url)
+    body = route.prepare(payload)
+    resp = await client.post(url, json=body)
+    if resp.status != 200 and route.can_retry(body, resp.status):
+        refusal = await _http_error(resp)
+        resp.release()
+        resp = await client.post(url, json=route.retry_body(body))
+        if resp.status == 200:
+            route.learn(refusal)
+    return resp
+
+
 async def stream(client: Any, url: str, payload: dict[str, Any], state: Stream,
                  clock: Callable[[], float] = time.perf_counter) -> Stream:
     """POST ``payload`` to ``url`` and read its event stream into ``state`` (choice 0), timing each frame.
@@ -145,8 +176,10 @@ async def stream(client: Any, url: str, payload: dict[str, Any], state: Stream,
     """
     aiohttp = require("aiohttp", "live servers")
     try:
-        async with client.post(url, json=payload) as resp:
+        resp = await post(client, url, payload)
+        async with resp:
             if resp.status != 200:
+                state.http_status = resp.status
                 state.error = f"{url}: {await _http_error(resp)}"
                 return state
             ctype = resp.headers.get("Content-Type", "")
@@ -162,7 +195,10 @@ async def stream(client: Any, url: str, payload: dict[str, Any], state: Stream,
             for data in decoder.flush():
                 if _consume(state, data, clock()):
                     return state
-            state.error = f"{url}: the stream ended without data: [DONE]"
+            if state.finish_reason:
+                state.done = True
+            else:
+                state.error = f"{url}: the stream ended without data: [DONE]"
     except StreamFormatError as exc:
         state.error = f"{url}: malformed stream: {exc}"
     except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
@@ -188,15 +224,22 @@ def _consume(state: Stream, data: str, now: float) -> bool:
     if choices:
         state.last_frame = now
         got = choice_tokens(choices[0])
+        if isinstance(running, int) and not got.finish_reason:
+            state.running_count = True
         if got.finish_reason:
             state.finish_reason = got.finish_reason
         if got.count:
             # The server's running count, when it sends one, says which outputs
             # this frame claims to carry; a repeated frame then repeats indices.
-            first = running - got.count + 1 if isinstance(running, int) else state.tokens + 1
+            counted = state.running_count and isinstance(running, int)
+            first = running - got.count + 1 if counted else state.tokens + 1
+            if counted or got.token_ids is not None or got.logprobs is not None:
+                state.exact += 1
+            else:
+                state.guessed += 1
             state.frames.append(Frame(now, got.count, first, got.text, got.token_ids))
-    if isinstance(running, int) and not doc.get("choices"):
-        state.usage_tokens = running   # the final usage frame
+    if isinstance(running, int) and (not doc.get("choices") or not state.running_count):
+        state.usage_tokens = running   # the final usage frame (alone, or with the last choices)
     return False
 
 

@@ -137,10 +137,10 @@ async def _sweep(base_url: str, sizes: Sequence[int], input_len: int, output_len
 async def _post(client: Any, url: str, body: dict[str, Any]) -> dict[str, Any]:
     import aiohttp
 
-    from .client import _http_error
+    from .client import _http_error, post
 
     try:
-        async with client.post(url, json=body) as resp:
+        async with await post(client, url, body) as resp:
             if resp.status != 200:
                 raise LiveError(f"{url}: {await _http_error(resp)}")
             doc = await resp.json(content_type=None)

@@ -19,12 +19,31 @@
   a repeated frame shows as a repeated index).  ``finished`` when the stream
   ends with ``[DONE]``, stamped at the last token's frame; ``rejected`` for an
   HTTP error, a refused connection, a malformed stream or one that ended
-  without ``[DONE]`` (the event's ``reason`` says which).
+  without ``[DONE]`` or a finish_reason (the event's ``reason`` says which).
 * A client that falls behind: "just after" means within the contract's slack
   (``replay_slack``: 1 s, or 20 ticks when that is more).  A run in which an
   arrival or a cancel went out later than that measured the client (starved
   by a loaded machine), not the server: it is cancelled and replayed, three
   tries in all, and only a run that kept the schedule is reported.
+* Tokens the stream cannot count: when some stream carried neither token ids,
+  logprobs tokens nor a running usage count, and its final usage does not
+  confirm one token per frame (``transformers serve`` puts several tokens in
+  a frame and its usage in the last one), per-token times are unknown.  The
+  report then has no ``token`` events (``observed`` lacks ``token``, so the
+  clauses that need them skip as not observable): each row's
+  ``output_tokens`` is the server's usage count (one per text frame where it
+  sent none), ``token_times`` is empty, ``frame_times`` holds the frames'
+  times, TTFT runs to the first text frame and ITL has one entry per frame
+  (as vLLM's bench serve computes it); finish and usage are still judged.
+* A server that served nothing is no pass: when no
+  request got a token or finished and a request that fits the workload's
+  pool was refused with an HTTP error status, the run gives no report and ``completes`` fails with the
+  first refusal (URL, HTTP status, the server's words).  Each request's own
+  refusal stays ``rejected`` with its reason in reports that have one.
+* A route that refused the client's optional fields (:mod:`.fields`) is
+  named in ``server.notes``, with ``server.ignore_eos`` false: its requests
+  may end early at an end-of-sequence token, which ``finished_outputs_complete``
+  admits for a row whose ``finish_reason`` is ``stop``.
 
 Capabilities, honestly: a client cannot set a server's capacity, block size,
 budgets, policy or admission.  Scheduler settings are recorded in the
@@ -43,10 +62,10 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from ..contract.core import replay_slack
+from ..contract.core import replay_slack, required_blocks
 from ..impls import Implementation, ImplementationError, Refused
 from ..reference.scheduler_sim import validate_config, validate_trace
-from . import LiveError, MissingExtra, metrics, require
+from . import LiveError, MissingExtra, fields, metrics, require
 from .client import Stream, build_payload, first_model, prompt_words, session, stream, url_for
 
 __all__ = ["HttpImplementation", "replay", "OBSERVED", "TIME_UNIT", "REPLAY_ATTEMPTS"]
@@ -105,10 +124,30 @@ class HttpImplementation(Implementation):
         except ValueError as exc:
             raise Refused(str(exc)) from None
         try:
-            return run_coroutine(replay(lines, config, self.base_url, api=self.api, tick_seconds=self.tick_seconds,
-                                        timeout=self.timeout, seed=self.seed))
+            report = run_coroutine(replay(lines, config, self.base_url, api=self.api, tick_seconds=self.tick_seconds,
+                                          timeout=self.timeout, seed=self.seed))
         except LiveError as exc:
             raise Refused(str(exc)) from None
+        refusal = served_nothing(report, lines, config)
+        if refusal:
+            raise Refused(refusal)
+        return report
+
+
+def served_nothing(report: Mapping[str, Any], trace: list[dict[str, Any]], config: Mapping[str, Any]) -> str | None:
+    """Why a client-side report shows a server that served nothing of a workload it should have (module
+    docstring), or None."""
+    rows = report["requests"]
+    if any(r["status"] == "finished" or r["output_tokens"] or r.get("frame_times") for r in rows.values()):
+        return None
+    fits = [line["id"] for line in trace if line["event"] == "arrival" and rows[line["id"]].get("http_status")
+            and required_blocks(line["prompt_tokens"], line["output_tokens"], config["block_size"])
+            <= config["capacity"]]
+    if not fits:
+        return None
+    refused = sum(1 for r in rows.values() if r["status"] == "rejected")
+    return (f"the server refused every request it was sent ({refused} of {len(rows)} rejected, none served), "
+            f"among them {fits[0]!r}, which fits the workload's pool: {rows[fits[0]].get('error')}")
 
 
 def run_coroutine(coro: Any) -> Any:
@@ -202,19 +241,26 @@ async def _replay_once(client: Any, model: str, trace: list[dict[str, Any]], con
             task.cancel()
         await asyncio.gather(*tasks.values(), return_exceptions=True)
     duration = clock()
+    per_token = all(state.counts_known for state in streams.values())
     requests = {}
     for rid, state in streams.items():
-        row, own = _request(rid, state, cancelled.get(rid))
+        row, own = _request(rid, state, cancelled.get(rid), per_token)
         requests[rid] = row
         events += own
     events.sort(key=lambda e: (e["time"], _RANK[e["event"]]))
     counts = {k: sum(1 for r in requests.values() if r["status"] == k) for k in ("finished", "cancelled", "rejected")}
+    route = fields.for_route(url)
+    notes = [n for n in (route.note(),) if n]
+    if not per_token:
+        notes.append("the stream carries neither token ids, logprobs tokens nor a running usage count, and its "
+                     "frames hold several tokens: tokens are counted from the server's final usage and the report "
+                     "has no per-token events (TTFT, ITL per frame, finish and usage are still judged)")
     return {
         "schema_version": 1,
         "time_unit": TIME_UNIT,
-        "observed": list(OBSERVED),
+        "observed": [kind for kind in OBSERVED if per_token or kind != "token"],
         "config": {**config, "tick_seconds": tick_seconds},
-        "server": {"url": base_url, "api": api, "model": model},
+        "server": {"url": base_url, "api": api, "model": model, "ignore_eos": not route.refused, "notes": notes},
         "requests": requests,
         "events": events,
         "summary": {**counts, "duration": duration},
@@ -228,16 +274,19 @@ def _status(state: Stream) -> str:
     return "finished" if state.done or state.finish_reason else "rejected"
 
 
-def _request(rid: str, state: Stream, cancelled_at: float | None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The requests-table row of one stream and its token and terminal events."""
+def _request(rid: str, state: Stream, cancelled_at: float | None,
+             per_token: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The requests-table row of one stream and its token and terminal events (no token events unless
+    ``per_token``: then the row counts the server's usage and keeps the frames' times)."""
     status = "cancelled" if cancelled_at is not None else _status(state)
     own = [{"time": f.time, "event": "token", "id": rid, "output_index": f.first_index + k}
-           for f in state.frames for k in range(f.tokens)]
+           for f in state.frames for k in range(f.tokens)] if per_token else []
     token_times = [e["time"] for e in own]
+    last_frame = state.frames[-1].time if state.frames else None
     if status == "cancelled":
         end = cancelled_at
     elif status == "finished":
-        end = token_times[-1] if token_times else state.ended
+        end = last_frame if last_frame is not None else state.ended
         own.append({"time": end, "event": "finished", "id": rid})
     else:
         end = state.ended if state.ended is not None else state.sent
@@ -246,12 +295,18 @@ def _request(rid: str, state: Stream, cancelled_at: float | None) -> tuple[dict[
     record = state.record(status)
     row = {
         "status": status, "arrival": state.sent, "admitted": None, "end": end,
-        "output_tokens": len(token_times), "token_times": token_times, "queue_ticks": None,
+        "output_tokens": len(token_times) if per_token else (state.usage_tokens if state.usage_tokens is not None
+                                                             else state.tokens),
+        "token_times": token_times, "queue_ticks": None,
         "ttft_ticks": metrics.ttft(record), "itl_ticks": metrics.itl(record),
         "tpot": metrics.tpot(record) if status == "finished" else None,
         "e2el": metrics.e2el(record) if status == "finished" else None,
-        "usage_completion_tokens": state.usage_tokens,
+        "usage_completion_tokens": state.usage_tokens, "finish_reason": state.finish_reason,
     }
+    if not per_token:
+        row["frame_times"] = [f.time for f in state.frames]
     if state.error:
         row["error"] = state.error
+    if state.http_status is not None:
+        row["http_status"] = state.http_status
     return row, own
