@@ -35,7 +35,11 @@ from typing import Any, Iterator
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the numerics tests need torch: pip install torch==2.13.0")
+try:  # any ImportError, not only a missing module: a broken torch install skips with its reason too
+    import torch
+except ImportError as exc:
+    pytest.skip(f"the numerics tests need torch: pip install torch==2.13.0 ({type(exc).__name__}: {exc})",
+                allow_module_level=True)
 
 from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, MAGNITUDES, run_attention_parity  # noqa: E402
 from pytest_cbatch.gpu_checks.checks import (  # noqa: E402  (after the torch skip)
