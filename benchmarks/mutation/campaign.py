@@ -298,8 +298,9 @@ def _row(mutation: Any, result: Any) -> dict[str, Any]:
         outcome = "killed"
     row: dict[str, Any] = {"id": mutant_id(mutation), "line": mutation.start_pos[0], "outcome": outcome}
     if outcome == "killed":
-        row["by"] = next((ln[len("killed: "):] for ln in output.splitlines() if ln.startswith("killed: ")),
-                         output.splitlines()[-1] if output else "")[:160]
+        by = next((ln[len("killed: "):] for ln in output.splitlines() if ln.startswith("killed: ")),
+                  output.splitlines()[-1] if output else "")
+        row["by"] = by.replace(str(ROOT) + "/", "")[:160]  # paths relative to the checkout, as the table shows
     if outcome in ("survived", "incompetent"):
         row["diff"] = _short_diff(result.diff or output)
     return row
