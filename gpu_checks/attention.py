@@ -12,25 +12,17 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from .catalog import MAGNITUDES
 from .checks import LARGE_SCORE_MIN, TOLERANCES, CheckResult
 from .model import DTYPES, PRESETS
 from .oracle import partition_leads
 from .paged import Metadata, RowSpec, build_metadata, paged_attention
-from .presets import LEAD_KEY_GAIN
 from .sizes import SPLIT_KV_PARTITION
 
 __all__ = ["ATTENTION_CASES", "LARGE_SCORE_GAIN", "MAGNITUDES", "run_attention_parity"]
 
 LARGE_SCORE_GAIN = 32.0
 """Query scale of ``attention_large_scores``: unit-variance q and k then give peak scores ~170."""
-
-MAGNITUDES: dict[str, tuple[float, float]] = {
-    "uniform": (1.0, 1.0),
-    "later_leads": (LEAD_KEY_GAIN, 1.0),
-    "first_leads": (1.0, LEAD_KEY_GAIN),
-}
-"""Key gains ``(first split-KV partition, later keys)`` of the large-score batch: ``later_leads``
-makes a later partition's max score lead the first's by > 100, ``first_leads`` the reverse."""
 
 # (query_len, kv_len) rows of one ragged batch, after vLLM's paged-attention kernel tests
 ATTENTION_CASES: tuple[tuple[int, int], ...] = ((1, 1328), (5, 18), (129, 463), (1, 523), (1, 37), (1, 2011))

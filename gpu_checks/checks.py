@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 
+from .catalog import LEAD_CHECKS, SCHEDULE_CHECKS
 from .engine import BUGS, EngineConfig, ScheduleError, run_schedule
 from .metrics import Metrics, compare
 from .model import DTYPES, PRESETS, Model
@@ -363,14 +364,10 @@ _SCHEDULE_CHECKS: dict[str, CheckFn] = {
     "row_order": _row_order,
     "determinism": _determinism,
 }
-SCHEDULE_CHECKS: tuple[str, ...] = tuple(_SCHEDULE_CHECKS)
-"""The default checks of one schedule; ``large_scores`` is selected explicitly with a q_gain preset."""
 _SCHEDULE_CHECKS["large_scores"] = _large_scores
 _SCHEDULE_CHECKS["later_partition_leads"] = functools.partial(_large_scores, name="later_partition_leads", lead=0)
 _SCHEDULE_CHECKS["first_partition_leads"] = functools.partial(_large_scores, name="first_partition_leads", lead=1)
 KILL_CHECKS = ("batched_vs_alone", "page_reuse")
-LEAD_CHECKS = {"later_partition_leads": "late", "first_partition_leads": "early"}
-"""Checks that need a ``<hot preset>-<side>`` twin, by the side they need."""
 
 
 def _timed(s: _Session, name: str, fn: Callable[[], CheckResult]) -> CheckResult:

@@ -320,10 +320,27 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 
 class _Reporter:
-    """Header and end-of-run clause summary; registered only when an implementation is set."""
+    """Header, whole-module skips and end-of-run clause summary; registered only when an implementation is set."""
 
     def __init__(self, state: CbatchState) -> None:
         self.state = state
+
+    @pytest.hookimpl(trylast=True)  # after -k/-m deselection: only modules with a selected test are asked
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        """A suite module may define ``cbatch_module_skip() -> str | None`` to put off a costly check
+        (numerics: importing torch) until one of its tests is selected; a reason skips the whole module,
+        reported exactly as a skip at collection."""
+        modules = {item.getparent(pytest.Module): None for item in items if _is_suite_item(item)}
+        skipped = set()
+        for module in filter(None, modules):
+            ask = getattr(module.obj, "cbatch_module_skip", None)
+            reason = ask() if callable(ask) else None
+            if reason:
+                skipped.add(module)
+                where = (str(module.path), ask.__code__.co_firstlineno, f"Skipped: {reason}")
+                config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "skipped", where, []))
+        if skipped:
+            items[:] = [item for item in items if item.getparent(pytest.Module) not in skipped]
 
     def pytest_report_header(self, config: pytest.Config) -> list[str]:
         from .schemas import validator_backend

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from typing import Iterator
+
 import pytest
 
 BRIEF_PROFILE = """
@@ -34,3 +37,25 @@ def lifecycle_profile(request: pytest.FixtureRequest) -> list[str]:
     pytester = request.getfixturevalue("pytester")
     pytester.makeconftest(BRIEF_PROFILE)
     return ["--hypothesis-profile=brief"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _subprocess_bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Let the Python processes the tests start share one bytecode cache, outside the source tree.
+
+    Many tests run pytest in a subprocess (pytester), each importing pytest's plugins, hypothesis and
+    the kit, and some torch.  Where PYTHONDONTWRITEBYTECODE is set, every one of them compiles, and
+    assertion-rewrites, all of that again (about a second each).  A PYTHONPYCACHEPREFIX in this run's
+    temporary folder (shared by xdist workers) caches it once and writes nothing next to any source.
+    This process keeps its own settings; only the environment its children inherit changes.
+    """
+    if os.environ.get("NOPYC"):
+        yield
+        return
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPYCACHEPREFIX", str(root / "pycache"))
+        patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        yield

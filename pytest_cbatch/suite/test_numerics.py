@@ -31,25 +31,57 @@ in the source tree.
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import importlib.util
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator
 
 import pytest
 
-try:  # any ImportError, not only a missing module: a broken torch install skips with its reason too
-    import torch
-except ImportError as exc:
-    pytest.skip(f"the numerics tests need torch: pip install torch==2.13.0 ({type(exc).__name__}: {exc})",
-                allow_module_level=True)
+from pytest_cbatch.gpu_checks.catalog import LEAD_CHECKS, MAGNITUDES, SCHEDULE_CHECKS
+from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, Workload
+from pytest_cbatch.reference.scheduler_sim import demo_trace
+from pytest_cbatch.schemas import schema_issues
+from pytest_cbatch.workloads import BASE_CONFIG
 
-from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, MAGNITUDES, run_attention_parity  # noqa: E402
-from pytest_cbatch.gpu_checks.checks import (  # noqa: E402  (after the torch skip)
-    LEAD_CHECKS, SCHEDULE_CHECKS, CheckResult, run_invariance_checks, run_preemption_check, run_schedule_checks,
-)
-from pytest_cbatch.gpu_checks.engine import ScheduleError  # noqa: E402
-from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, Workload  # noqa: E402
-from pytest_cbatch.reference.scheduler_sim import demo_trace  # noqa: E402
-from pytest_cbatch.schemas import schema_issues  # noqa: E402
-from pytest_cbatch.workloads import BASE_CONFIG  # noqa: E402
+if TYPE_CHECKING:
+    from pytest_cbatch.gpu_checks.checks import CheckResult
+
+
+def _import_torch() -> ModuleType:
+    import torch
+
+    return torch
+
+
+def _torch_skip_reason(exc: ImportError) -> str:
+    return f"the numerics tests need torch: pip install torch==2.13.0 ({type(exc).__name__}: {exc})"
+
+
+# Collecting this module imports no torch (ids and marks need only the torch-free tables above).  Where
+# torch is not installed at all, the module skips here as a whole; where it is, the plugin imports it
+# once these tests are selected (``cbatch_module_skip``), so a ``-k`` that leaves them out never pays.
+if importlib.util.find_spec("torch") is None:
+    try:
+        _import_torch()
+    except ImportError as exc:
+        pytest.skip(_torch_skip_reason(exc), allow_module_level=True)
+
+
+def cbatch_module_skip() -> str | None:
+    """Why this whole module skips, or None: called by the plugin once any of its tests is selected.
+
+    Any ImportError, not only a missing module: a broken torch install skips with its reason too.
+    """
+    try:
+        _import_torch()
+    except ImportError as exc:
+        return _torch_skip_reason(exc)
+    return None
+
+
+def _cuda_available() -> bool:
+    return _import_torch().cuda.is_available()
+
 
 WORKLOADS: dict[str, Workload] = {"demo": Workload("demo", demo_trace(), dict(BASE_CONFIG)), **SUITE_WORKLOADS}
 CHECKS: dict[str, tuple[str, ...]] = {
@@ -65,7 +97,8 @@ KIT_FALLBACK = ("long", "long-preempt", "bounds")   # unsupported config: run th
 HOT_PRESET = {"narrow": "narrow-hot"}     # the q_gain twin of a preset, for large_scores
 HOT_CHECKS = {"large_scores": "", **{check: f"-{side}" for check, side in LEAD_CHECKS.items()}}
 """Checks that run on the hot twin (suffixed: its ``-late``/``-early`` partition-lead variant)."""
-_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="bfloat16 numerics need CUDA")]
+# A string condition: evaluated (torch imported) when a bfloat16 case is set up, not at collection.
+_GPU = [pytest.mark.gpu, pytest.mark.skipif("not _cuda_available()", reason="bfloat16 numerics need CUDA")]
 _DTYPES = ("float64", "float32", "bfloat16")
 CASES = [
     pytest.param(check, dtype, workload, id=f"{check}-{dtype}-{workload}", marks=_GPU if dtype == "bfloat16" else ())
@@ -127,6 +160,9 @@ class _Numerics:
 
     def results(self, name: str, dtype: str) -> tuple[dict[str, CheckResult], str]:
         """(results by check name, schedule source) of ``name`` in ``dtype``."""
+        from pytest_cbatch.gpu_checks.checks import run_invariance_checks, run_preemption_check, run_schedule_checks
+        from pytest_cbatch.gpu_checks.engine import ScheduleError
+
         key = (name, dtype)
         if key not in self.cache:
             w = WORKLOADS[name]
@@ -156,6 +192,7 @@ class _Numerics:
 
 @pytest.fixture(scope="module")
 def numerics(cbatch_impl: Any) -> Iterator[_Numerics]:
+    torch = _import_torch()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the small models are latency-bound; more threads only contend
     yield _Numerics(cbatch_impl)
@@ -181,6 +218,8 @@ def test_numerics(check: str, dtype: str, workload: str, numerics: _Numerics, re
 def test_attention_kernels(check: str, dtype: str, magnitude: str, request: pytest.FixtureRequest) -> None:
     """The engine's attention (SDPA prefill, split-KV decode) on long ragged rows (up to 2,011 keys); at large
     scores also with a later split-KV partition's max leading the first's by > 100, and the reverse."""
+    from pytest_cbatch.gpu_checks.attention import LARGE_SCORE_GAIN, run_attention_parity
+
     request.node.user_properties += [("cbatch_clause", f"numerics.{check}"), ("cbatch_workload", "ragged")]
     gain = LARGE_SCORE_GAIN if check == "attention_large_scores" else 1.0
     result = run_attention_parity(dtype, device="cuda" if dtype == "bfloat16" else "cpu", q_gain=gain,

@@ -165,3 +165,12 @@ def test_a_non_finite_reference_fails_its_checks_and_the_others_still_report(mon
         assert results[name].passed, results[name].summary()
     [clean, *_] = mutant_kill_matrix(trace, report, dtype="float64", block_size=4, bugs=["cross_row_leak"])
     assert not clean.passed and "reference logits are not finite" in clean.summary()
+
+
+def test_the_torch_free_catalog_names_exactly_the_checks_that_run() -> None:
+    """The suite builds its test ids from ``catalog`` without importing torch; those names must be the checks."""
+    from pytest_cbatch.gpu_checks import catalog, checks
+
+    defaults = tuple(checks._SCHEDULE_CHECKS)[:len(catalog.SCHEDULE_CHECKS)]
+    assert defaults == catalog.SCHEDULE_CHECKS
+    assert set(catalog.LEAD_CHECKS) <= set(checks._SCHEDULE_CHECKS)

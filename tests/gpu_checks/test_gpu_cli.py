@@ -56,6 +56,28 @@ def test_suite_module_runs_on_the_reference_scheduler(pytester: pytest.Pytester)
     result.assert_outcomes(passed=8)
 
 
+# Says, at the end of the run, whether anything imported torch.
+TORCH_PROBE = """
+    import sys
+
+    def pytest_terminal_summary(terminalreporter):
+        terminalreporter.write_line(f"torch imported: {'torch' in sys.modules}")
+"""
+
+
+@pytest.mark.parametrize("selection,imported", [("completes-demo and not serial", False),
+                                                ("completes-demo and not serial or oracle_self_test-float64-demo",
+                                                 True)], ids=["numerics_deselected", "numerics_selected"])
+def test_torch_is_imported_only_once_a_numerics_test_is_selected(pytester: pytest.Pytester, selection: str,
+                                                                   imported: bool) -> None:
+    """Collecting the whole suite (ids, marks) needs no torch, so a run that selects no numerics test never
+    pays its import; one that does runs them."""
+    pytester.makeconftest(TORCH_PROBE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--cbatch-impl=reference", "-k", selection)
+    result.assert_outcomes(passed=1 + imported)
+    result.stdout.fnmatch_lines([f"torch imported: {imported}"])
+
+
 BROKEN_SCHEMA = """
 from pytest_cbatch.reference.scheduler_sim import simulate as reference
 
