@@ -40,22 +40,24 @@ def lifecycle_profile(request: pytest.FixtureRequest) -> list[str]:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _subprocess_bytecode_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """Let the Python processes the tests start share one bytecode cache, outside the source tree.
+def _subprocess_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Let the Python processes the tests start share their caches for the whole run, outside the source tree.
 
-    Many tests run pytest in a subprocess (pytester), each importing pytest's plugins, hypothesis and
-    the kit, and some torch.  Where PYTHONDONTWRITEBYTECODE is set, every one of them compiles, and
-    assertion-rewrites, all of that again (about a second each).  A PYTHONPYCACHEPREFIX in this run's
-    temporary folder (shared by xdist workers) caches it once and writes nothing next to any source.
-    This process keeps its own settings; only the environment its children inherit changes.
+    Many tests run pytest in a subprocess (pytester), each importing pytest's plugins, hypothesis and the
+    kit, and some torch.  Where PYTHONDONTWRITEBYTECODE is set, every one of them compiles, and
+    assertion-rewrites, all of that again (about a second each); a PYTHONPYCACHEPREFIX in this run's
+    temporary folder (shared by xdist workers) compiles it once and writes nothing next to any source.
+    Likewise each fresh project folder would make hypothesis parse the kit's modules for constants
+    again; one HYPOTHESIS_STORAGE_DIRECTORY keeps that cache (the runs that execute hypothesis tests use
+    the kit's ci profile or the brief one, neither of which keeps an example database, so no example
+    found in one test is replayed in another).  This process keeps its own settings; only the
+    environment its children inherit changes.
     """
-    if os.environ.get("NOPYC"):
-        yield
-        return
     root = tmp_path_factory.getbasetemp()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         root = root.parent  # the session's folder, above each worker's own
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PYTHONPYCACHEPREFIX", str(root / "pycache"))
         patch.delenv("PYTHONDONTWRITEBYTECODE", raising=False)
+        patch.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(root / "hypothesis"))
         yield
