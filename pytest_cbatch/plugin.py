@@ -162,7 +162,9 @@ def pytest_configure(config: pytest.Config) -> None:
                                 tick_seconds=tick_seconds)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
-    hypothesis_profile = _load_hypothesis_profile(config, profile)
+    chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
+    native = _engine_native(impl, chosen)
+    hypothesis_profile = _load_hypothesis_profile(config, profile)  # global state: only once every setting is valid
     redirected = False
     if _setting(config, "suite") == "auto" and config.args_source in (
         pytest.Config.ArgsSource.INVOCATION_DIR, pytest.Config.ArgsSource.TESTPATHS
@@ -170,8 +172,6 @@ def pytest_configure(config: pytest.Config) -> None:
         config.args = [str(suite_dir())]
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
-    chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
-    native = _engine_native(impl, chosen)
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected, overrides={**native, **chosen},
                         native=native)
     config.stash[_STATE] = state

@@ -189,13 +189,15 @@ def test_shipped_suite_passes_on_reference_from_an_empty_directory(pytester: pyt
     test_broken_schedulers; the numeric checks of the reference's schedules in float32: tests/gpu_checks.)"""
     slow = not lifecycle_profile
     only = [] if slow else ["-k", "(not test_contract or demo) and not float32"]
-    result = pytester.runpytest_subprocess("--cbatch-impl=reference", *lifecycle_profile, *only)
+    result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-rp", *lifecycle_profile, *only)
     outcomes = result.parseoutcomes()
     assert result.ret == OK, result.stdout.str()
     assert "failed" not in outcomes and "errors" not in outcomes, outcomes
     assert outcomes["passed"] > (500 if slow else DEMO_CHECKS + 3), outcomes
     assert slow or outcomes["deselected"] > 500, outcomes
     result.stdout.fnmatch_lines(["cbatch: impl reference (entry point reference = *)"])
+    # the reference's chunked schedule does show batch variance: the negative control passes, not skips
+    result.stdout.fnmatch_lines(["PASSED *test_numerics.py::test_numerics[[]negative_control-float64-chunked[]]"])
     assert summary(result)["failed"] == "0"
 
 
@@ -475,8 +477,12 @@ def test_cbatch_config_overrides_base_settings_but_not_what_a_workload_tests(pyt
 
 @pytest.mark.parametrize("item", ["release_delay", "speed=2", "release_delay=-1", "policy=fifo"])
 def test_bad_cbatch_config_is_a_usage_error(pytester: pytest.Pytester, item: str) -> None:
-    result = run_contract(pytester, "--cbatch-impl=reference", "--cbatch-config", item, "-k", DEMO)
+    from hypothesis import settings
+
+    before = settings.get_current_profile_name()
+    result = pytester.runpytest("--cbatch-impl=reference", "--cbatch-config", item, "-k", DEMO)  # in process
     assert_usage_error(result, "--cbatch-config", item)
+    assert settings.get_current_profile_name() == before  # refused before the kit's profile was loaded
 
 
 # -- 12. the course's published files, as students have them ---------------------------------

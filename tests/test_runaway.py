@@ -203,14 +203,14 @@ def test_a_crash_traceback_starts_at_the_implementation() -> None:
 def test_an_endless_loop_fails_its_workload_and_the_run_goes_on(pytester: pytest.Pytester) -> None:
     loop = pytester.makepyfile(loopy=LOOPY)
     in_loop = [f'loopy.py", line {line_of(loop, code)}, in _drain' for code in ("while produced", "produced += 1")]
-    result = run_suite(pytester, "--cbatch-impl=loopy.py:simulate", "--cbatch-timeout=2",
+    result = run_suite(pytester, "--cbatch-impl=loopy.py:simulate", "--cbatch-timeout=1",
                        "-k", "cancel_mid_prefill or negative_output or (demo and not serial)")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 2, result.stdout.str()
     assert outcomes.get("passed", 0) > 30  # every demo clause still ran after the hangs
     completes = failure_text(result, "test_contract[completes-cancel_mid_prefill]")
-    for words in ("[completes] failed on workload 'cancel_mid_prefill'", "did not finish within 2 s",
-                  "--cbatch-timeout=2", "its stack when it was stopped", '"id": "victim"', "replay:"):
+    for words in ("[completes] failed on workload 'cancel_mid_prefill'", "did not finish within 1 s",
+                  "--cbatch-timeout=1", "its stack when it was stopped", '"id": "victim"', "replay:"):
         assert words in completes, (words, completes)
     assert any(where in completes for where in in_loop), completes
     assert "impls.py" not in completes and "bounded.py" not in completes, completes
@@ -255,11 +255,11 @@ def test_a_run_that_grows_without_bound_is_stopped_for_memory(pytester: pytest.P
 
 def test_a_lifecycle_method_that_hangs_fails_its_part_without_shrinking(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(hangkv=LIFECYCLE_HANG)
-    result = run_suite(pytester, "--cbatch-impl=hangkv.py", "--cbatch-timeout=2", "-k", "allocator",
+    result = run_suite(pytester, "--cbatch-impl=hangkv.py", "--cbatch-timeout=1", "-k", "allocator",
                        keep=("test_lifecycle.py",))
     result.assert_outcomes(failed=1)
     text = failure_text(result, "test_lifecycle[allocator]")
-    for words in ("[lifecycle.allocator] stopped", "did not finish within 2 s", 'hangkv.py", line',
+    for words in ("[lifecycle.allocator] stopped", "did not finish within 1 s", 'hangkv.py", line',
                   "in append", "pool = PagedKV(", "rerun: pytest"):
         assert words in text, (words, text)
     assert (pytester.path / "spins.txt").read_text().splitlines() == ["spin"]
