@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "CheckResult": "checks",
     "TOLERANCES": "checks",
-    "SCHEDULE_CHECKS": "checks",
+    "SCHEDULE_CHECKS": "catalog",
     "run_schedule_checks": "checks",
     "run_preemption_check": "checks",
     "run_invariance_checks": "checks",
