@@ -5,9 +5,9 @@ driven by the steps the parent sends, against the submission in this process.
 Every request the machine makes of the submission's objects is answered here
 at once and written to the parent, one line each: the parent then runs the
 same step and reads its answers from those lines instead of waiting for each.
-Lines are written in batches, but always before a request that runs code of
-the submission's, so a call that hangs leaves the parent every line before
-it and times out at that call.  Nothing here judges: the machine's own
+Lines are written in batches (one ``{"batch": [...]}`` line each), but always
+before a request that runs code of the submission's, so a call that hangs
+leaves the parent every line before it and times out at that call.  Nothing here judges: the machine's own
 verdicts in this process are thrown away, and the parent's run of the step
 decides.
 """
@@ -41,9 +41,10 @@ class RecordingChannel(RecordChannel):
         self.lines.append(line)
 
     def flush(self) -> None:
+        """Send the queued lines as one ``{"batch": [...]}`` line (the parent's reader unpacks it)."""
         if self.lines:
             lines, self.lines = self.lines, []
-            self.send_all(lines)
+            self.send_all([{"batch": lines}])
 
     def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
         if not self._reads_only(message):

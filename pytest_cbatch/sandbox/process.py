@@ -338,7 +338,8 @@ class Sandbox:
             self.seconds_used += time.monotonic() - start
 
     def _split(self) -> None:
-        """Move the complete lines of the buffer to ``_ready``, parsed (all at once when they are all JSON)."""
+        """Move the complete lines of the buffer to ``_ready``, parsed (all at once when they are all JSON);
+        a ``{"batch": [...]}`` line stands for the replies it lists."""
         end = self._buffer.rfind(b"\n")
         if end < 0:
             return
@@ -350,7 +351,15 @@ class Sandbox:
             replies = None
         if replies is None or len(replies) != len(lines) or not all(isinstance(r, dict) for r in replies):
             replies = [self._parse(line) for line in lines]  # names the first bad line
-        self._ready.extend(replies)
+        for reply in replies:
+            batch = reply.get("batch")
+            if batch is None:
+                self._ready.append(reply)
+            elif isinstance(batch, list) and all(isinstance(r, dict) for r in batch):
+                self._ready.extend(batch)
+            else:
+                raise SandboxFailure("garbage", f"the {self.label} sent a batch that is not a list of replies: "
+                                                f"{batch!r:.120}")
 
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:
