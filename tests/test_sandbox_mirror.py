@@ -132,3 +132,17 @@ def test_steps_are_mirrored_inside_bubblewrap() -> None:
     finally:
         impl.close()
     assert note == "" and {v.status for v in verdicts.values()} == {"pass"}
+
+
+def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+        from hypothesis import Phase, settings
+        settings.register_profile("tiny", max_examples=10, derandomize=True, database=None, deadline=None,
+                                  phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    """)
+    result = pytester.runpytest_subprocess(
+        "--cbatch-isolate", "--cbatch-sandbox=process", "--hypothesis-profile=tiny", "-W", "error::UserWarning",
+        "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", "-k", "test_lifecycle")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*[[]lifecycle.replay_no_refeed[]]*", "*lifecycle recompute clauses do not hold*"])
+    assert "one request at a time" not in result.stdout.str()
