@@ -94,7 +94,7 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     elif "scheduler" in rubric.parts:
         tests += _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
     if "lifecycle" in rubric.parts:
-        tests += _lifecycle_tests(impl.namespace, rubric, notes)
+        tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
         tests += _numeric_tests(impl, rubric, notes)
     if hidden_log:
@@ -226,16 +226,17 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
 # ----------------------------------------------------------------- lifecycle
 
 
-def _lifecycle_tests(namespace: Any, rubric: Rubric, notes: list[str]) -> list[TestResult]:
+def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> list[TestResult]:
     from ..lifecycle import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, missing_parts
 
+    namespace = impl.namespace
     merged: dict[str, tuple[str, str]] = {}
     missing = missing_parts(namespace)
     for part in PARTS:
         if part in missing:
             notes.append(f"lifecycle {part}: not graded: {missing[part]}")
             continue
-        for cid, (status, message) in _part_verdicts(part, namespace, rubric.lifecycle_examples).items():
+        for cid, (status, message) in _part_verdicts(part, impl, rubric.lifecycle_examples, notes).items():
             old = merged.get(cid)
             if old is None or _RANK[status] > _RANK[old[0]]:
                 merged[cid] = (status, f"[{part}] {message}".rstrip())
@@ -273,16 +274,23 @@ def _absent(parts: list[str], namespace: Any) -> str:
             f"of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 points)")
 
 
-def _part_verdicts(part: str, namespace: Any, examples: int) -> dict[str, tuple[str, str]]:
-    """{clause: (status, message)} for one lifecycle part: ``lifecycle_verdicts`` under the grading settings."""
+def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:
+    """{clause: (status, message)} for one lifecycle part: ``lifecycle_verdicts`` under the grading settings.
+
+    A sandboxed submission's steps are mirrored by its child (``sandbox.mirror``): one exchange per step
+    instead of one per request; should the child's record ever differ, the part is judged again one
+    request at a time, and the notes say so.
+    """
     from hypothesis import HealthCheck
     from hypothesis import settings as Settings
 
-    from ..lifecycle import lifecycle_verdicts
+    from ..sandbox import lifecycle_verdicts_of
 
     settings = Settings(max_examples=max(examples, 1), derandomize=True, database=None, deadline=None,
                         print_blob=False, suppress_health_check=list(HealthCheck))
-    verdicts = lifecycle_verdicts(part, namespace, settings)
+    verdicts, note = lifecycle_verdicts_of(impl, part, settings)
+    if note:
+        notes.append(note)
     return {cid: (verdict.status, verdict.message[:_NOTES_LIMIT]) for cid, verdict in verdicts.items()}
 
 

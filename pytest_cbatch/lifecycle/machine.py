@@ -62,16 +62,18 @@ class Shortest:
 
 def judged(fn: _Fn) -> _Fn:
     """Wrap a rule or invariant: skip it once the run halted, and halt on a disabled clause
-    or once the script is longer than the shortest failing one."""
+    or once the script is longer than the shortest failing one.  Hypothesis calls it with
+    keyword arguments only; ``before_step`` hears of each call it runs."""
 
     @functools.wraps(fn)
-    def run(self: LifecycleMachine, *args: Any, **kwargs: Any) -> Any:
+    def run(self: LifecycleMachine, **kwargs: Any) -> Any:
         if not self.halted and self.shortest.exceeded(len(self.script)):
             self.halted = True
         if self.halted:
             return None
+        self.before_step(fn.__name__, kwargs)
         try:
-            return fn(self, *args, **kwargs)
+            return fn(self, **kwargs)
         except _Halted:
             self.halted = True
             return None
@@ -165,6 +167,14 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.started = False
         self.binding: dict[int, Any] = {}  # oracle page -> the implementation's page id
 
+    def before_step(self, name: str, kwargs: dict[str, Any]) -> None:
+        """Called as a judged rule or invariant ``name`` starts, with its arguments (plain data); nothing here.
+
+        A machine whose implementation lives elsewhere overrides it to have
+        that step run there first (``sandbox.mirror``); the step's body, and so
+        every check, then runs here as usual.
+        """
+
     # ------------------------------------------------------------- verdicts
 
     def fail(self, clause: str, message: str, *replay: str) -> None:
@@ -181,7 +191,8 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def observe(self, clause: str, expr: str, fn: Callable[[], Any]) -> Any:
         """Evaluate a read of the implementation's state; an exception violates ``clause``."""
-        self.reading(clause, *surface_names(expr))
+        if self.read_log is not None:
+            self.reading(clause, *surface_names(expr))
         try:
             return fn()
         except Exception as exc:

@@ -103,8 +103,12 @@ def shrink_budget(seconds: float) -> Iterator[None]:
         engine.MAX_SHRINKING_SECONDS = limit  # type: ignore[assignment]
 
 
+MachineWrap = Callable[[type[RuleBasedStateMachine]], type[RuleBasedStateMachine]]
+
+
 def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None = None, *,
-                       max_failures: int = MAX_FAILURES, bounds: Bounds | None = None) -> dict[str, Verdict]:
+                       max_failures: int = MAX_FAILURES, bounds: Bounds | None = None,
+                       wrap: MachineWrap | None = None) -> dict[str, Verdict]:
     """Judge every clause of ``part`` on the implementation ``namespace``: ``{clause id: Verdict}``.
 
     The part's machine runs under ``lifecycle_settings(settings)``.  When it
@@ -119,7 +123,8 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     passing part keeps every long run and gains the short ones.  Each failing
     clause's example is shrunk for at most SHRINK_SECONDS.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
-    raises ``bounded.CallStopped`` at once, without shrinking.
+    raises ``bounded.CallStopped`` at once, without shrinking.  ``wrap``, when given, turns each
+    machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``).
     """
     if part not in PARTS:
         raise ValueError(f"unknown lifecycle part {part!r}; expected one of {', '.join(PARTS)}")
@@ -132,7 +137,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     stages = (Settings(config, stateful_step_count=SHORT_STEPS + 1), config)
     while len(verdicts) < max_failures:
         try:
-            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds)
+            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds, wrap)
         except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
@@ -143,11 +148,13 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     return {cid: verdicts.get(cid, skipped) for cid in clauses}
 
 
-def _first_violation(part: str, namespace: object, disabled: frozenset[str],
-                     stages: tuple[Settings, ...], bounds: Bounds | None = None) -> LifecycleViolation | None:
+def _first_violation(part: str, namespace: object, disabled: frozenset[str], stages: tuple[Settings, ...],
+                     bounds: Bounds | None = None, wrap: MachineWrap | None = None) -> LifecycleViolation | None:
     """Run the part's machine under each of ``stages`` in turn; the first violation found, shrunk, or None."""
     for stage in stages:
         machine = MACHINES[part](namespace, disabled)
+        if wrap is not None:
+            machine = wrap(machine)
         if bounds is not None:
             machine = bounded_machine(machine, bounds)
         try:

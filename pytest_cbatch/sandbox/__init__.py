@@ -3,14 +3,19 @@
 ``IsolatedImplementation(spec, load_spec_for(spec), Limits(...))`` is an
 ``Implementation`` for ``runner.Judge`` and the lifecycle suites; see
 ``process`` (the child process and its limits), ``child`` (the child's side
-of the RPC), ``proxies`` (the parent's side) and ``bwrap`` (containment
-with bubblewrap, and the sandbox modes).
+of the RPC), ``remote`` and ``proxies`` (the parent's side), ``mirror`` and
+``mirror_child`` (lifecycle steps run by the child first, judged by the
+parent from its record) and ``bwrap`` (containment with bubblewrap, and the
+sandbox modes).
 """
 
 from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode
 from .limits import Limits
+from .mirror import MirrorDiverged, lifecycle_verdicts_of, mirrored
 from .process import LoadSpec, NotContained, Sandbox, SandboxFailure
-from .proxies import IsolatedImplementation, RemoteObject, load_spec_for, submission_files
+from .proxies import IsolatedImplementation, load_spec_for, submission_files
+from .remote import RemoteObject
 
-__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "Limits", "LoadSpec", "NotContained", "RemoteObject",
-           "Sandbox", "SandboxFailure", "bwrap_problem", "load_spec_for", "resolve_mode", "submission_files"]
+__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "Limits", "LoadSpec", "MirrorDiverged", "NotContained",
+           "RemoteObject", "Sandbox", "SandboxFailure", "bwrap_problem", "lifecycle_verdicts_of", "load_spec_for",
+           "mirrored", "resolve_mode", "submission_files"]

@@ -1,9 +1,10 @@
 """The sandbox child: loads one submission and serves JSON-lines RPC on two pipe fds.
 
 Run as ``python -I child.py CONFIG_JSON`` by ``pytest_cbatch.sandbox.process``;
-standard library only, so the child never imports the kit: whatever a
-submission patches, it patches in this process alone, and every verdict is
-computed in the parent.  The same module gives the parent the value codec.
+standard library only: the kit is imported only for a mirrored lifecycle step
+(``mirror_child``), and whatever a submission patches, it patches in this
+process alone, since every verdict is computed in the parent.  The same
+module gives the parent the value codec.
 
 CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
 (``resource`` names to ``[soft, hard]``), ``home`` (made if missing),
@@ -14,7 +15,9 @@ on sys.path), ``files`` (module files to import, in priority order),
 module, or null).  The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
-one reply line: ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``: see
+one reply line (a ``mirror`` request first writes a line per step it starts,
+``{"seg": [name, kwargs]}``, and per request its machine makes,
+``{"rec": [request, reply]}``): ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``: see
 ``Server.snapshot``), ``{"raised": {type, builtin, message}}``,
 ``{"unsupported": message}`` (simulate raised NotImplementedError),
 ``{"exited": code}`` (SystemExit) or ``{"memory": message}`` (MemoryError out
@@ -42,6 +45,7 @@ from typing import Any, Callable
 
 PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
+MIRROR_PRELOAD = 64  # objects whose attributes one reply of a mirrored step may carry
 
 
 _PLAIN = (type(None), bool, int, float, str)
@@ -79,9 +83,10 @@ def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
 
 def decode(value: Any, handle: Callable[[dict[str, Any]], Any]) -> Any:
     """The inverse of ``encode``; ``handle(tag)`` turns a ``$handle`` tag into an object."""
-    if isinstance(value, list):
-        return [decode(v, handle) for v in value]
-    if not isinstance(value, dict):
+    kind = type(value)
+    if kind is list:
+        return [v if type(v) in _PLAIN else decode(v, handle) for v in value]
+    if kind is not dict:
         return value
     if "$tuple" in value:
         return tuple(decode(v, handle) for v in value["$tuple"])
@@ -108,11 +113,14 @@ def _json_default(obj: Any) -> Any:
 class Server:
     """Holds the submission's namespace and the objects handed out by handle."""
 
-    def __init__(self, names: dict[str, Any]) -> None:
+    def __init__(self, names: dict[str, Any], send: Callable[[list[dict[str, Any]]], None] | None = None,
+                 folder: str | None = None) -> None:
         self.names = names
         self.objects: dict[int, Any] = {}
         self.by_id: dict[int, int] = {}
         self.next_handle = 1
+        self.send, self.folder = send, folder
+        self.session: Any = None  # the mirror session, made on the first ``mirror`` request
 
     def handle(self, obj: Any) -> dict[str, Any]:
         number = self.by_id.get(id(obj))
@@ -142,11 +150,13 @@ class Server:
     def into(self, value: Any) -> Any:
         return decode(value, self.obj)
 
-    def dispatch(self, request: dict[str, Any]) -> dict[str, Any]:
+    def dispatch(self, request: dict[str, Any], snapshots: bool = True) -> dict[str, Any]:
         self.drop(request.get("drop", []))
         op = request["op"]
         if op == "simulate":
             return self.simulate(request["trace"], request["config"])
+        if op == "mirror":
+            return self.mirror(request)
         if op == "new":
             target = self.names[request["name"]]
         else:
@@ -155,22 +165,50 @@ class Server:
         kwargs = self.into({"$dict": request.get("kwargs", [])})
         if op in ("new", "call"):
             fn = target if op == "new" or request.get("method") is None else getattr(target, request["method"])
+            if not snapshots:
+                return self.preloaded({"ok": fn(*args, **kwargs)}, [] if op == "new" else [target])
             return {"ok": self.out(fn(*args, **kwargs))}
         if op == "getattr":
             name = request["name"]
             on_class = inspect.getattr_static(type(target), name, None)
             if inspect.isfunction(on_class) and name not in getattr(target, "__dict__", {}):
                 return {"ok": None, "method": True}
+            if not snapshots:  # a mirrored step: say whether reading it again runs no code
+                return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [])
             snap = self.snapshot(target)
             if snap is not None and name in snap[request["target"]["$handle"]]:
                 return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
             return {"ok": self.out(getattr(target, name))}
         if op == "dunder":
             name = request["name"]
-            if name == "__iter__":
-                return {"ok": self.out(list(target))}
-            return {"ok": self.out(getattr(target, name)(*args))}
+            value = list(target) if name == "__iter__" else getattr(target, name)(*args)
+            return {"ok": self.out(value)} if snapshots else self.preloaded({"ok": value}, [target])
         raise ValueError(f"unknown op {op!r}")
+
+    def preloaded(self, reply: dict[str, Any], roots: list[Any]) -> dict[str, Any]:
+        """``reply`` with its value encoded and, under ``attrs``, the plain attributes of ``roots`` (a
+        call's target) and of the objects the value names (a mirrored step's reply: see ``mirror``)."""
+        named: list[Any] = []
+
+        def handle(obj: Any) -> dict[str, Any]:
+            named.append(obj)
+            return self.handle(obj)
+
+        reply["ok"] = encode(reply["ok"], handle)
+        attrs = self.attributes([*roots, *named], MIRROR_PRELOAD, depth=0)
+        if attrs:
+            reply["attrs"] = attrs
+        return reply
+
+    def mirror(self, request: dict[str, Any]) -> dict[str, Any]:
+        """Run a lifecycle step as the parent will (``mirror_child``), writing its requests as it goes.
+
+        The kit and Hypothesis come from ``_mirror_module``, on the first such request.
+        """
+        if self.session is None:
+            assert self.send is not None
+            self.session = _mirror_module(self.folder).MirrorSession(self, self.send)
+        return self.session.run(request)
 
     def snapshot(self, root: Any) -> dict[int, dict[str, Any]] | None:
         """The plain instance attributes of ``root``, of every object the parent holds, and of the objects
@@ -183,25 +221,32 @@ class Server:
         of objects whose class keeps the default ``__getattribute__``; None
         when there are none.
         """
-        found: list[Any] = []
+        return self.attributes([root, *self.objects.values()], SNAPSHOT_OBJECTS) or None
+
+    def attributes(self, roots: list[Any], limit: int, depth: int | None = None) -> dict[int, dict[str, Any]]:
+        """``{handle: {name: encoded value}}`` of the plain attributes of ``roots`` and of the objects they
+        reach (breadth first, at most ``limit`` objects, at most ``depth`` levels below the roots)."""
+        found: list[tuple[Any, int]] = []
+        level = 0
 
         def handle(obj: Any) -> dict[str, Any]:
-            tag = self.handle(obj)
-            found.append((tag["$handle"], obj))
-            return tag
+            found.append((obj, level + 1))
+            return self.handle(obj)
 
-        snap: dict[int, dict[str, Any]] = {}
-        handle(root)
-        found += list(self.objects.items())
-        while found and len(snap) < SNAPSHOT_OBJECTS:
-            number, obj = found.pop(0)
-            if number in snap:
+        out: dict[int, dict[str, Any]] = {}
+        queue = [(obj, 0) for obj in roots]
+        while queue and len(out) < limit:
+            obj, level = queue.pop(0)
+            number = self.handle(obj)["$handle"]
+            if number in out or (depth is not None and level > depth):
                 continue
             attrs = _plain_attributes(obj)
             if attrs is None:
                 continue
-            snap[number] = {name: encode(value, handle) for name, value in attrs.items()}
-        return snap or None
+            out[number] = {name: encode(value, handle) for name, value in attrs.items()}
+            queue += found
+            found.clear()
+        return out
 
     def simulate(self, trace: list[Any], config: dict[str, Any]) -> dict[str, Any]:
         before = json.dumps([trace, config], sort_keys=True)
@@ -234,6 +279,17 @@ def _plain_attributes(obj: Any) -> dict[str, Any] | None:
         if not _shadowed(cls, name):
             out[name] = value
     return out if out or isinstance(attrs, dict) else None
+
+
+def _plain_read(obj: Any, name: str) -> bool:
+    """Whether ``getattr(obj, name)`` reads an instance attribute straight from ``__dict__`` or a slot."""
+    cls = type(obj)
+    if inspect.isclass(obj) or callable(obj) or cls.__getattribute__ is not object.__getattribute__:
+        return False
+    attrs = getattr(obj, "__dict__", None)
+    if isinstance(attrs, dict) and name in attrs:
+        return not _shadowed(cls, name)
+    return any(slot == name for slot, _ in _slot_members(cls))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -302,6 +358,19 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return names, described
 
 
+def _mirror_module(folder: str | None) -> Any:
+    """The kit's ``mirror_child`` (and its lifecycle machines), imported from the environment only: the
+    submission's folder is off ``sys.path`` meanwhile, so none of its files can stand in for them."""
+    saved = list(sys.path)
+    sys.path[:] = [p for p in sys.path if p not in (folder, "", ".")]
+    try:
+        from pytest_cbatch.sandbox import mirror_child
+        import pytest_cbatch.lifecycle  # noqa: F401
+    finally:
+        sys.path[:] = saved
+    return mirror_child
+
+
 def _apply_limits(limits: dict[str, list[int]]) -> None:
     for name, (soft, hard) in limits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -325,9 +394,12 @@ def main(argv: list[str]) -> int:
     reader = os.fdopen(config["rpc_in"], "rb")
     writer = os.fdopen(config["rpc_out"], "wb")
 
-    def send(reply: dict[str, Any]) -> None:
-        writer.write(json.dumps(reply, default=_json_default).encode() + b"\n")
+    def send_all(replies: list[dict[str, Any]]) -> None:
+        writer.write(b"".join(json.dumps(reply, default=_json_default).encode() + b"\n" for reply in replies))
         writer.flush()
+
+    def send(reply: dict[str, Any]) -> None:
+        send_all([reply])
 
     try:
         _prepare(config)
@@ -337,7 +409,7 @@ def main(argv: list[str]) -> int:
         send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": "".join(tail)[-3000:]})
         return 0
     send({"ok": described})
-    server = Server(names)
+    server = Server(names, send_all, config["load"].get("folder"))
     for line in reader:
         try:
             reply = server.dispatch(json.loads(line))

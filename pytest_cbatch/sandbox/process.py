@@ -14,6 +14,7 @@ the one place the child's command line is built.
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import selectors
@@ -119,6 +120,7 @@ class Sandbox:
         self._rpc_out = self._rpc_in = -1
         self._output = _Output()
         self._buffer = bytearray()
+        self._ready: collections.deque[dict[str, Any]] = collections.deque()  # replies read, not yet returned
         self._selector: selectors.BaseSelector | None = None
 
     # ----------------------------------------------------------- lifecycle
@@ -160,6 +162,7 @@ class Sandbox:
         os.set_blocking(self._rpc_out, False)
         self._output = _Output()
         self._buffer = bytearray()
+        self._ready.clear()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._rpc_in, selectors.EVENT_READ, "rpc")
         self._selector.register(self._proc.stdout, selectors.EVENT_READ, "output")
@@ -196,6 +199,10 @@ class Sandbox:
             return argv, None, work, child_environment(home)
         return [*confinement.prefix, *argv], confinement.preexec, "/", child_environment(home)
 
+    def alive(self) -> bool:
+        """Whether the child is running (its objects still exist)."""
+        return self._proc is not None
+
     def kill(self) -> None:
         """Kill the child's whole session and reap it; the next request starts a fresh child."""
         proc, self._proc = self._proc, None
@@ -224,11 +231,26 @@ class Sandbox:
 
     # ------------------------------------------------------------- requests
 
-    def request(self, message: dict[str, Any], family: str, generation: int | None = None) -> dict[str, Any]:
+    def request(self, message: dict[str, Any], family: str, generation: int | None = None,
+                extra_seconds: float = 0.0) -> dict[str, Any]:
         """Send ``message``; return the reply dict or raise SandboxFailure (the child is then restarted lazily).
 
         ``generation``: the message names objects of that child, so it fails when that child is gone.
+        ``extra_seconds``: added to the call limit for the first reply line (work of the kit's, not of
+        the submission's, comes before it).
         """
+        self._admit(family, generation)
+        return self._reply(family, json.dumps(message).encode() + b"\n", extra_seconds)
+
+    def receive(self, family: str, generation: int) -> dict[str, Any]:
+        """The next line of a reply that spans several (a mirrored lifecycle step), like ``request``."""
+        if self._ready and self._proc is not None and generation == self.generation:
+            return self._ready.popleft()  # already read: nothing to wait for or account
+        self._admit(family, generation)
+        return self._reply(family, None)
+
+    def _admit(self, family: str, generation: int | None) -> None:
+        """Raise SandboxFailure if a request of ``family`` naming objects of ``generation`` cannot be made now."""
         if generation is not None and (self._proc is None or generation != self.generation):
             raise SandboxFailure("died", f"the {self.label}'s objects are gone: its process was restarted after "
                                          f"an earlier failure")
@@ -239,10 +261,12 @@ class Sandbox:
         if self.seconds_used >= self.limits.submission_seconds:
             raise SandboxFailure("breaker", f"not run: the {self.label} used up its "
                                             f"{self.limits.submission_seconds:g} s of calls (limit submission_seconds)")
+
+    def _reply(self, family: str, payload: bytes | None, extra_seconds: float = 0.0) -> dict[str, Any]:
         try:
             if self._proc is None:
                 self._start()
-            reply = self._exchange(json.dumps(message).encode() + b"\n")
+            reply = self._exchange(payload, extra_seconds)
         except SandboxFailure as exc:
             self._failures.setdefault(family, []).append(str(exc).splitlines()[0])
             self.kill()
@@ -252,11 +276,11 @@ class Sandbox:
             self.kill()
         return reply
 
-    def _exchange(self, payload: bytes | None) -> dict[str, Any]:
+    def _exchange(self, payload: bytes | None, extra_seconds: float = 0.0) -> dict[str, Any]:
         """Write ``payload`` (unless None) and read one reply line, draining output, within the call limit."""
         assert self._proc is not None and self._proc.stdout is not None
         start = time.monotonic()
-        deadline = start + self.limits.call_seconds
+        deadline = start + self.limits.call_seconds + extra_seconds
         output_limit = self.limits.output_kb * 1024
         reply_limit = self.limits.reply_mb << 20
         pending = memoryview(payload or b"")
@@ -273,11 +297,8 @@ class Sandbox:
             sel.register(self._rpc_out, selectors.EVENT_WRITE, "write")
         try:
             while True:
-                newline = self._buffer.find(b"\n")
-                if newline >= 0:
-                    line = bytes(self._buffer[:newline])
-                    del self._buffer[: newline + 1]
-                    return self._parse(line)
+                if self._ready:
+                    return self._ready.popleft()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SandboxFailure("timeout", f"the {self.label} did not answer within "
@@ -310,10 +331,35 @@ class Sandbox:
                         if len(self._buffer) > reply_limit:
                             raise SandboxFailure("garbage", f"the {self.label}'s reply exceeds "
                                                             f"{self.limits.reply_mb} MiB (limit reply_mb)")
+                        self._split()
         finally:
             if pending and self._rpc_out in sel.get_map():
                 sel.unregister(self._rpc_out)
             self.seconds_used += time.monotonic() - start
+
+    def _split(self) -> None:
+        """Move the complete lines of the buffer to ``_ready``, parsed (all at once when they are all JSON);
+        a ``{"batch": [...]}`` line stands for the replies it lists."""
+        end = self._buffer.rfind(b"\n")
+        if end < 0:
+            return
+        lines = bytes(self._buffer[:end]).split(b"\n")
+        del self._buffer[: end + 1]
+        try:
+            replies = json.loads(b"[" + b",".join(lines) + b"]")
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            replies = None
+        if replies is None or len(replies) != len(lines) or not all(isinstance(r, dict) for r in replies):
+            replies = [self._parse(line) for line in lines]  # names the first bad line
+        for reply in replies:
+            batch = reply.get("batch")
+            if batch is None:
+                self._ready.append(reply)
+            elif isinstance(batch, list) and all(isinstance(r, dict) for r in batch):
+                self._ready.extend(batch)
+            else:
+                raise SandboxFailure("garbage", f"the {self.label} sent a batch that is not a list of replies: "
+                                                f"{batch!r:.120}")
 
     def _parse(self, line: bytes) -> dict[str, Any]:
         try:

@@ -1,7 +1,8 @@
 """Conformance: the KV lifecycle (allocator, preemption with recomputation, transfers).
 
 One test per part, ids ``test_lifecycle[allocator|recompute|transfer]``. Each
-judges every clause of the part (``pytest_cbatch.lifecycle.lifecycle_verdicts``)
+judges every clause of the part (``pytest_cbatch.lifecycle.lifecycle_verdicts``, through
+``pytest_cbatch.sandbox.lifecycle_verdicts_of``)
 against the ``PagedKV``/``RecomputeRequest``/``TransferManager`` of the
 namespace the implementation points at, and skips a part the namespace does
 not provide.  Example counts come from the active Hypothesis profile.  A
@@ -11,11 +12,13 @@ next), each with its operations as runnable Python.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pytest
 
-from pytest_cbatch.lifecycle import LIFECYCLE_CLAUSES, PARTS, lifecycle_verdicts, missing_parts
+from pytest_cbatch.lifecycle import LIFECYCLE_CLAUSES, PARTS, missing_parts
+from pytest_cbatch.sandbox import lifecycle_verdicts_of
 
 
 @pytest.mark.parametrize("part", list(PARTS), ids=list(PARTS))
@@ -25,7 +28,10 @@ def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) 
     reason = missing_parts(namespace).get(part)
     if reason is not None:
         pytest.skip(f"lifecycle {part}: {reason}")
-    verdicts = lifecycle_verdicts(part, namespace, bounds=cbatch_impl.bounds)
+    # Under --cbatch-isolate the sandbox child runs each step first (pytest_cbatch.sandbox.mirror).
+    verdicts, note = lifecycle_verdicts_of(cbatch_impl, part, bounds=cbatch_impl.bounds)
+    if note:
+        warnings.warn(note, stacklevel=1)
     failed = {cid: verdict for cid, verdict in verdicts.items() if verdict.status != "pass"}
     if not failed:
         return

@@ -1,0 +1,244 @@
+"""Remote objects: a sandboxed submission's objects as the grader's code sees them, over any channel.
+
+A ``RemoteObject`` stands for one object of the submission; reading an
+attribute, calling it, or using ``len``/``iter``/``[]``/``in`` on it is one
+request on its ``Channel``.  Plain data comes back as copies, other objects as
+further ``RemoteObject`` handles, and an exception raised by the submission is
+re-raised as a subclass of the nearest built-in exception with the same name
+(so ``except ValueError`` works).  The channel decides how a request is
+answered: ``proxies.LiveChannel`` sends it to the sandbox child and waits,
+``mirror.ReplayChannel`` takes the answer from the child's record of a step,
+and the child's ``mirror_child.RecordingChannel`` answers it in process and
+records it.  Because all three share this class, code driven through any of
+them makes the same requests in the same order.
+"""
+
+from __future__ import annotations
+
+import builtins
+import weakref
+from typing import Any, Mapping
+
+from .child import decode, encode
+from .process import SandboxFailure
+
+__all__ = ["Channel", "RecordChannel", "RemoteClass", "RemoteNamespace", "RemoteObject", "remote_error"]
+
+_REMOTE_ERRORS: dict[tuple[str, str], type[Exception]] = {}
+
+
+def remote_error(info: Mapping[str, Any]) -> Exception:
+    """An exception of the child's type name, deriving from the built-in it derives from there."""
+    base = getattr(builtins, str(info.get("builtin")), Exception)
+    if not (isinstance(base, type) and issubclass(base, Exception)):
+        base = Exception
+    name = str(info.get("type", "Exception"))
+    cls = _REMOTE_ERRORS.get((name, base.__name__))
+    if cls is None:
+        cls = base if base.__name__ == name else type(name, (base,), {"__module__": "sandboxed"})
+        _REMOTE_ERRORS[(name, base.__name__)] = cls
+    return cls(info.get("message", ""))
+
+
+class Channel:
+    """How requests about remote objects are answered; subclasses implement ``exchange``.
+
+    ``generation`` names the current set of remote objects: a proxy of an
+    older generation (its process restarted, or its example ended) refuses
+    every request.  ``methods`` remembers (type, name) pairs known to be plain
+    methods, so looking one up again costs no request.
+    """
+
+    label = "submission"
+
+    def __init__(self) -> None:
+        self.methods: set[tuple[str, str]] = set()
+        self.live: weakref.WeakValueDictionary[tuple[int, int], RemoteObject] = weakref.WeakValueDictionary()
+
+    @property
+    def generation(self) -> int:
+        raise NotImplementedError
+
+    def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
+        """The reply to one request (``generation``: the objects it names are of that generation)."""
+        raise NotImplementedError
+
+    def cached(self, handle: int, generation: int, name: str) -> tuple[bool, Any]:
+        """``(True, value)`` when attribute ``name`` of object ``handle`` is known without a request."""
+        return False, None
+
+    def released(self, handle: int) -> None:
+        """The last proxy of object ``handle`` is gone."""
+
+    def ask(self, message: dict[str, Any], generation: int | None = None) -> dict[str, Any]:
+        """Exchange ``message``; raise what the reply says went wrong, else return it."""
+        reply = self.exchange(message, generation)
+        if "raised" in reply:
+            raise remote_error(reply["raised"])
+        if "exited" in reply:
+            raise SandboxFailure("died", f"the {self.label} called sys.exit({reply['exited']!r})")
+        if "ok" not in reply:
+            raise SandboxFailure("garbage", f"unexpected reply from the {self.label}: {reply!r:.200}")
+        return reply
+
+    def value(self, reply: dict[str, Any]) -> Any:
+        return decode(reply["ok"], self.proxy)
+
+    def proxy(self, tag: dict[str, Any]) -> RemoteObject:
+        """One proxy per live remote object, so the child frees it only when the last proxy goes."""
+        key = (self.generation, tag["$handle"])
+        found = self.live.get(key)
+        if found is None:
+            found = self.live[key] = RemoteObject(self, tag, self.generation)
+        return found
+
+    def args(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        return {"args": encode(list(args), _handle_of),
+                "kwargs": [[k, encode(v, _handle_of)] for k, v in kwargs.items()]}
+
+
+class RecordChannel(Channel):
+    """A channel of mirrored steps (either side): plain attribute reads are answered from memory.
+
+    A ``getattr`` reply marked ``plain`` read an instance attribute, which no
+    code of the submission's runs to read again, and a reply brings along the
+    plain attributes of the objects it names and of a call's target; until the
+    next request of another kind, reading them needs no request on either
+    side.  The parent's and the child's channels keep the same memory, so they
+    still make the same requests.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: dict[tuple[int, str], Any] = {}
+
+    def cached(self, handle: int, generation: int, name: str) -> tuple[bool, Any]:
+        if generation != self.generation or (handle, name) not in self.reads:
+            return False, None
+        return True, decode(self.reads[(handle, name)], self.proxy)
+
+    def remember(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
+        """Forget every answer once a request of another kind than a plain read is made; then keep a plain
+        read's answer and the plain attributes the reply brought along (``child.Server.preloaded``)."""
+        if message["op"] == "getattr" and reply.get("plain") and "ok" in reply:
+            self.reads[(message["target"]["$handle"], message["name"])] = reply["ok"]
+        elif message["op"] != "getattr" or not reply.get("method"):
+            self.reads.clear()
+        for handle, attrs in reply.get("attrs", {}).items():
+            for name, value in attrs.items():
+                self.reads[(int(handle), name)] = value
+
+
+def _handle_of(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, RemoteObject):
+        obj._check()
+        return {"$handle": object.__getattribute__(obj, "_handle")}
+    raise TypeError(f"cannot pass {type(obj).__name__} to the sandbox: only plain data and its own objects")
+
+
+class RemoteObject:
+    """A handle to an object living in the sandbox child."""
+
+    __slots__ = ("_channel", "_handle", "_type", "_kind", "_generation", "__weakref__")
+
+    def __init__(self, channel: Channel, tag: Mapping[str, Any], generation: int) -> None:
+        object.__setattr__(self, "_channel", channel)
+        object.__setattr__(self, "_handle", tag["$handle"])
+        object.__setattr__(self, "_type", tag.get("$type", "?"))
+        object.__setattr__(self, "_kind", tag.get("$kind", "object"))
+        object.__setattr__(self, "_generation", generation)
+        weakref.finalize(self, channel.released, tag["$handle"])
+
+    def _check(self) -> None:
+        if self._generation != self._channel.generation:
+            raise SandboxFailure("died", f"remote {self._type} object is gone: the sandbox restarted after an "
+                                         f"earlier failure")
+
+    def _ask(self, op: str, **fields: Any) -> Any:
+        message = {"op": op, "target": {"$handle": self._handle}, **fields}
+        return self._channel.value(self._channel.ask(message, self._generation))
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        channel = self._channel
+        if (self._type, name) in channel.methods:
+            return _RemoteMethod(self, name)
+        hit, value = channel.cached(self._handle, self._generation, name)
+        if hit:
+            return value
+        reply = channel.ask({"op": "getattr", "target": {"$handle": self._handle}, "name": name}, self._generation)
+        if reply.get("method"):
+            channel.methods.add((self._type, name))
+            return _RemoteMethod(self, name)
+        return channel.value(reply)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"remote {self._type} objects are read-only from the grader's side")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ask("call", method=None, **self._channel.args(args, kwargs))
+
+    def _dunder(self, name: str, *args: Any) -> Any:
+        return self._ask("dunder", name=name, **self._channel.args(args, {}))
+
+    def __len__(self) -> int:
+        return int(self._dunder("__len__"))
+
+    def __iter__(self) -> Any:
+        return iter(self._dunder("__iter__"))
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._dunder("__getitem__", key)
+
+    def __contains__(self, key: Any) -> bool:
+        return bool(self._dunder("__contains__", key))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemoteObject) and (self._handle, self._generation) == (other._handle,
+                                                                                          other._generation)
+
+    def __hash__(self) -> int:
+        return hash((self._handle, self._generation))
+
+    def __repr__(self) -> str:
+        return f"<sandboxed {self._type} #{self._handle}>"
+
+
+class _RemoteMethod:
+    """A bound method of a remote object; calling it is one request."""
+
+    def __init__(self, target: RemoteObject, name: str) -> None:
+        self.target, self.name = target, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.target._ask("call", method=self.name, **self.target._channel.args(args, kwargs))
+
+    def __repr__(self) -> str:
+        return f"<sandboxed method {self.name} of {self.target!r}>"
+
+
+class RemoteClass:
+    """A lifecycle class of the submission; calling it constructs an object in the child."""
+
+    def __init__(self, channel: Channel, name: str) -> None:
+        self.channel, self.__name__ = channel, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.channel.value(self.channel.ask({"op": "new", "name": self.__name__,
+                                                    **self.channel.args(args, kwargs)}))
+
+    def __repr__(self) -> str:
+        return f"<sandboxed class {self.__name__}>"
+
+
+class RemoteNamespace:
+    """What the lifecycle suites see: an attribute per lifecycle class the submission offers."""
+
+    def __init__(self, channel: Channel, parts: list[str], label: str) -> None:
+        for part in parts:
+            setattr(self, part, RemoteClass(channel, part))
+        self._label = label
+
+    def __repr__(self) -> str:
+        return f"<sandboxed {self._label}>"

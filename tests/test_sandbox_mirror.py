@@ -1,0 +1,148 @@
+"""Mirrored lifecycle steps (pytest_cbatch.sandbox.mirror): the child runs each step first, the parent
+judges it from the record, and the verdicts are exactly those of judging one request at a time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase
+from hypothesis import settings as Settings
+
+from pytest_cbatch.examples.broken_lifecycle import BROKEN
+from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
+from pytest_cbatch.sandbox import (
+    IsolatedImplementation, Limits, bwrap_problem, lifecycle_verdicts_of, load_spec_for, mirrored,
+)
+
+# No shrinking: it is capped in seconds, so how far it gets depends on the speed of the channel. The first
+# failing example of a derandomized search does not, and so neither does its message.
+SETTINGS = Settings(max_examples=6, derandomize=True, database=None, deadline=None,
+                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.reuse, Phase.generate))
+FINDS = Settings(SETTINGS, max_examples=12)  # enough for the search to find each bug of QUICK
+REFERENCE = "pytest_cbatch.reference.scheduler_faults"
+# One bug per part in the default run; every broken implementation with --run-slow.
+QUICK = ("append_without_cow", "replay_refeed", "reads_in_flight")
+
+
+def isolated(spec: str, mode: str = "process", **limits: Any) -> IsolatedImplementation:
+    return IsolatedImplementation(spec, load_spec_for(spec), Limits(**limits), mode=mode)
+
+
+def mirrored_verdicts(impl: IsolatedImplementation, part: str, settings: Settings = SETTINGS, **options: Any) -> dict:
+    channel = impl.lifecycle_mirror()
+    verdicts = lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
+                                  **options)
+    assert channel.exchanges > 0 and not channel.diverged
+    return verdicts
+
+
+def part_of(name: str) -> str:
+    clause = BROKEN[name][1]
+    from pytest_cbatch.lifecycle import PART_CLAUSES
+
+    return next(part for part in PARTS if clause in PART_CLAUSES[part])
+
+
+def broken_cases(config: pytest.Config) -> list[str]:
+    return sorted(BROKEN) if config.getoption("--run-slow") else list(QUICK)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "broken" in metafunc.fixturenames:
+        metafunc.parametrize("broken", broken_cases(metafunc.config))
+
+
+def test_mirrored_verdicts_of_a_correct_submission_equal_the_live_ones() -> None:
+    impl = isolated(REFERENCE)
+    try:
+        for part in PARTS:
+            live = lifecycle_verdicts(part, impl.namespace, SETTINGS)
+            assert mirrored_verdicts(impl, part) == live
+            assert {v.status for v in live.values()} == {"pass"}, part
+    finally:
+        impl.close()
+
+
+def test_mirrored_verdicts_of_a_broken_submission_equal_the_live_ones(broken: str) -> None:
+    namespace, clause = BROKEN[broken]
+    part = part_of(broken)
+    impl = isolated(f"pytest_cbatch.examples.broken_lifecycle:{broken}")
+    try:
+        live = lifecycle_verdicts(part, impl.namespace, FINDS)
+        assert mirrored_verdicts(impl, part, FINDS) == live
+    finally:
+        impl.close()
+    if broken in QUICK:  # a few bugs need more examples (or seeds) than these searches get
+        assert live[clause].status == "fail" and live[clause].message.startswith(f"[{clause}] ")
+    in_process = lifecycle_verdicts(part, namespace, FINDS)
+    assert {c: v.status for c, v in live.items()} == {c: v.status for c, v in in_process.items()}
+
+
+HANGS = '''
+from pytest_cbatch.reference.scheduler_faults import PagedKV as _PagedKV, RecomputeRequest, TransferManager
+
+
+class PagedKV(_PagedKV):
+    def fork(self, source, target):
+        while True:
+            pass
+'''
+
+
+def test_a_step_that_hangs_times_out_at_the_call_that_hangs(tmp_path: Path) -> None:
+    (tmp_path / "hangs.py").write_text(HANGS)
+    impl = isolated(str(tmp_path / "hangs.py"), call_seconds=2)
+    try:  # the first failing clause is enough: every later search would wait for the hang again
+        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
+        impl.close()
+        assert mirrored_verdicts(impl, "allocator", SETTINGS, max_failures=1) == live
+    finally:
+        impl.close()
+    failed = [v.message for v in live.values() if v.status == "fail"]
+    assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
+
+
+TAMPERS = '''
+from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
+import pytest_cbatch.lifecycle.machine as _machine
+
+_machine.LifecycleMachine.check_views = lambda self, context: None  # the child's copy of the checks reads nothing
+'''
+
+
+def test_a_submission_that_patches_its_copy_of_the_kit_is_judged_one_request_at_a_time(tmp_path: Path) -> None:
+    (tmp_path / "tampers.py").write_text(TAMPERS)
+    impl = isolated(str(tmp_path / "tampers.py"))
+    try:
+        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS)
+        assert "judged one request at a time" in note and "the child made" in note, note
+        assert verdicts == lifecycle_verdicts("allocator", impl.namespace, SETTINGS)
+    finally:
+        impl.close()
+    assert {v.status for v in verdicts.values()} == {"pass"}
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}")
+def test_steps_are_mirrored_inside_bubblewrap() -> None:
+    impl = isolated(REFERENCE, mode="bwrap")
+    try:
+        verdicts, note = lifecycle_verdicts_of(impl, "recompute", Settings(SETTINGS, max_examples=4))
+    finally:
+        impl.close()
+    assert note == "" and {v.status for v in verdicts.values()} == {"pass"}
+
+
+def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pytester) -> None:
+    pytester.makeconftest("""
+        from hypothesis import Phase, settings
+        settings.register_profile("tiny", max_examples=10, derandomize=True, database=None, deadline=None,
+                                  phases=[Phase.explicit, Phase.reuse, Phase.generate])
+    """)
+    result = pytester.runpytest_subprocess(
+        "--cbatch-isolate", "--cbatch-sandbox=process", "--hypothesis-profile=tiny", "-W", "error::UserWarning",
+        "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", "-k", "test_lifecycle")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*[[]lifecycle.replay_no_refeed[]]*", "*lifecycle recompute clauses do not hold*"])
+    assert "one request at a time" not in result.stdout.str()
