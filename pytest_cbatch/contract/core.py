@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from itertools import groupby
 from operator import itemgetter
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
@@ -179,6 +180,8 @@ class ReportIndex:
         self.replaying = replaying
         self._replayed: dict[str, list[Violation]] = {}
         self._tables: BlockTables | None = None
+        self._token_times: dict[str, list[float]] = {}
+        self._frame_times: dict[str, list[float]] = {}
         self.arrivals: dict[str, dict[str, Any]] = {}
         self.cancels: dict[str, list[int]] = {}
         for line in trace:
@@ -188,6 +191,10 @@ class ReportIndex:
                 self.cancels.setdefault(line["id"], []).append(line["time"])
         for times in self.cancels.values():
             times.sort()  # a trace's file order is free; answers come in time order
+        # The pages each request needs at its largest (``required_blocks``).
+        self.largest: dict[str, int] = {
+            rid: required_blocks(line["prompt_tokens"], line["output_tokens"], self.bs)
+            for rid, line in self.arrivals.items()}
         self.seq: dict[str, list[tuple[int, str, Any]]] = {rid: [] for rid in self.arrivals}
         self.unknown: dict[str, int] = {}
         self._terminal: dict[str, tuple[int, str]] = {}
@@ -290,6 +297,20 @@ class ReportIndex:
     def tokens(self, rid: str) -> list[tuple[int, dict[str, Any]]]:
         """(event index, event) of the request's token events, in order."""
         return self._tokens[rid]
+
+    def token_times(self, rid: str) -> list[float]:
+        """The times of the request's token events, in order."""
+        times = self._token_times.get(rid)
+        if times is None:
+            times = self._token_times[rid] = [ev["time"] for _, ev in self._tokens[rid]]
+        return times
+
+    def frame_times(self, rid: str) -> list[float]:
+        """The distinct times at which the request's tokens arrived (one per data frame), in order."""
+        times = self._frame_times.get(rid)
+        if times is None:
+            times = self._frame_times[rid] = [t for t, _ in groupby(self.token_times(rid))]
+        return times
 
     def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """(id, trace arrival line, requests-table row) for each trace request the table has."""

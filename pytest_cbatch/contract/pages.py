@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Iterator, Mapping
 
 from .core import (
-    TERMINAL, ReportIndex, Replay, Violation, clause, next_state, required_blocks, short,
+    TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short,
 )
 
 
@@ -127,21 +127,20 @@ def _pages_cover_rows(ix: ReportIndex, i: int, ev: dict[str, Any], replay: Repla
         if replay.snapshot_time != ev["time"]:
             yield ix.violation(cid, "dispatch without a snapshot at its tick, so its pages cannot be audited", None, i)
         return
-    bs = ix.bs
+    bs, fed, state = ix.bs, replay.fed, replay.state
     tables = ev["block_tables"]
     for members in (replay.members["active"], replay.members["draining"]):
-        for rid in sorted(members):
-            fed = replay.fed.get(rid, 0)
-            have = len(tables.get(rid, ()))
-            if have < -(-fed // bs):
-                yield ix.violation(cid, f"has fed {fed} rows, which need {-(-fed // bs)} pages; the snapshot "
-                                        f"shows {have}", rid, i)
+        short_of = [rid for rid in members if len(tables.get(rid, ())) < -(-fed.get(rid, 0) // bs)]
+        for rid in sorted(short_of):
+            need = -(-fed.get(rid, 0) // bs)
+            yield ix.violation(cid, f"has fed {fed.get(rid, 0)} rows, which need {need} pages; the snapshot "
+                                    f"shows {len(tables.get(rid, ()))}", rid, i)
+    largest = ix.largest
     for rid, table in tables.items():
-        line = ix.arrivals.get(rid)
-        if line is None or not table:
+        if not table or rid not in largest:
             continue
-        most = required_blocks(line["prompt_tokens"], line["output_tokens"], bs)
-        where = replay.state.get(rid)
+        most = largest[rid]
+        where = state.get(rid)
         if where not in ("active", "draining"):
             yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
         elif len(table) > most:
