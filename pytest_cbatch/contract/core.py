@@ -163,8 +163,7 @@ class ReportIndex:
     clauses do.
     """
 
-    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
-                 replaying: Collection[str] | None = None):
+    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
         self.report = report
         self.events: list[dict[str, Any]] = report["events"]
         self.asked = dict(config)
@@ -177,7 +176,7 @@ class ReportIndex:
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
         self.slack: float = replay_slack(tick) if self.seconds else 0
-        self.replaying = replaying
+        self.replaying: Collection[str] | None = None
         self._replayed: dict[str, list[Violation]] = {}
         self._tables: BlockTables | None = None
         self._token_times: dict[str, list[float]] = {}
