@@ -336,9 +336,8 @@ class ReportIndex:
         those clauses return what that replay found.
         """
         if cid not in self._replayed:
-            serve = {cid} | ({c.id for c in CLAUSES.values() if c.at} if self.replaying is None
-                             else set(self.replaying))
-            self._replay([CLAUSES[c] for c in serve if CLAUSES[c].at and c not in self._replayed])
+            serve = {cid} | set(CLAUSES if self.replaying is None else self.replaying)
+            self._replay([c for c in CLAUSES.values() if c.at and c.id in serve and c.id not in self._replayed])
         return self._replayed[cid]
 
     def _replay(self, clauses: Sequence[Clause]) -> None:

@@ -3,16 +3,17 @@
 A correct scheduler may allocate a dispatch's pages before its snapshot
 (engine style) or while the dispatch runs (the course's simulator), hand out
 page ids in any order, and snapshot every tick or only before dispatches; the
-clauses below hold for all of these.
+clauses below hold for all of these.  The ones that judge each snapshot
+against the lifecycle so far are registered with ``at=`` and share the
+index's one replay; the block tables are read once, as changes
+(``ReportIndex.block_tables``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .core import (
-    TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short,
-)
+from .core import TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short
 
 
 _ENDED = frozenset(("draining", "ended"))
