@@ -43,6 +43,7 @@ def test_the_pool_clauses_share_the_replay() -> None:
 
 @pytest.mark.parametrize("case", PINNED["cases"][::4], ids=[c["name"] for c in PINNED["cases"][::4]])
 def test_each_clause_checked_alone_finds_the_pinned_violations(case: dict) -> None:
+    """Every fourth pinned case (each clause alone checks every report once per clause)."""
     pinned = {key: rows for key, rows in PINNED["violations"].items() if key.endswith(f"/{case['name']}")}
     assert verdicts([case], check=each_clause_alone) == pinned
 
