@@ -92,10 +92,12 @@ def check_report(
         if issues:
             return _schema_violations(issues, max_per_clause)
         index = ReportIndex(report, trace, config)
+        chosen = [c for cid, c in CLAUSES.items()
+                  if c.check is not None and (clauses is None or cid in clauses) and index.observes(c.needs)]
+        index.replaying = [c.id for c in chosen if c.at]   # one replay judges them all
         out: list[Violation] = []
-        for cid, c in CLAUSES.items():
-            if c.check is None or (clauses is not None and cid not in clauses) or not index.observes(c.needs):
-                continue
+        for c in chosen:
+            cid = c.id
             found = 0
             for v in c.check(index):
                 found += 1

@@ -6,12 +6,22 @@ right above its check in one of the family modules (``requests``, ``rows``,
 ``needs`` names the event kinds a clause must observe; a report that declares
 what it can observe (a client-side report of a live server lists them in
 ``observed``) skips the clauses it cannot judge, with that reason.
+
+A clause registered with ``at=`` event kinds judges each such event against
+the lifecycle so far: the index replays the events once (``ReportIndex.replayed``)
+and calls every such clause it serves at its events, so clauses that audit
+each snapshot share one replay instead of each walking the events again.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
+
+from .tables import BlockTables
 
 __all__ = [
     "CLAUSES", "RUNNER_CLAUSES", "Clause", "ReportIndex", "Violation", "EVENT_KINDS", "TERMINAL",
@@ -59,6 +69,9 @@ class Clause:
     admits: str = ""   # the legitimate choices a correct scheduler may make that the clause allows
     reads: tuple[str, ...] = ()   # the report and trace fields the check reads
     compares: tuple[tuple[str, str], ...] = ()   # (value compared, the statement's words that define it)
+    at: frozenset[str] = frozenset()   # event kinds it judges during the shared replay (see ``clause``)
+    step: Callable[["ReportIndex", int, dict[str, Any], "Replay"], Iterable[Violation]] | None = field(
+        default=None, compare=False, repr=False)   # its judge of one such event, when ``at`` is set
 
 
 CLAUSES: dict[str, Clause] = {
@@ -70,8 +83,15 @@ CLAUSES: dict[str, Clause] = {
 
 
 def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "",
-           reads: Sequence[str] = (), compares: Mapping[str, str] | None = None) -> Callable:
+           reads: Sequence[str] = (), compares: Mapping[str, str] | None = None,
+           at: Sequence[str] = ()) -> Callable:
     """Register a report clause; the decorated generator yields its violations.
+
+    Without ``at`` it is called once, as ``check(index)``.  With ``at`` (event
+    kinds other than token, which changes no request's state) it is called
+    during the index's one replay of the events, as ``check(index, i, event,
+    replay)`` at each event of those kinds, ``replay`` being the state just
+    before the event; ``Clause.check`` then yields what those calls found.
 
     ``needs``: the event kinds it must observe; ``admits``: the legitimate
     choices of correct schedulers it was derived to allow (the clause table's
@@ -83,11 +103,16 @@ def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), adm
     that define it (a value the statement does not define is not compared).
     """
 
-    def register(fn: Callable[["ReportIndex"], Iterator[Violation]]) -> Callable:
+    unvisited = sorted(set(at) - (EVENT_KINDS - {"token"}))
+    if unvisited:
+        raise ValueError(f"clause {cid!r}: at= names {unvisited}, which the replay does not visit")
+
+    def register(fn: Callable[..., Iterable[Violation]]) -> Callable:
         if cid in CLAUSES:
             raise ValueError(f"clause {cid!r} registered twice")
-        CLAUSES[cid] = Clause(cid, statement, why, fn, frozenset(needs), admits, tuple(reads),
-                              tuple((compares or {}).items()))
+        check = fn if not at else (lambda index: iter(index.replayed(cid)))
+        CLAUSES[cid] = Clause(cid, statement, why, check, frozenset(needs), admits, tuple(reads),
+                              tuple((compares or {}).items()), frozenset(at), fn if at else None)
         return fn
 
     return register
@@ -131,7 +156,11 @@ class ReportIndex:
 
     ``seq[id]`` lists, in event order, ``(event_index, kind, payload)`` for every
     event naming the request; dispatch rows appear as kind ``"row"`` with the
-    work item as payload.  Nothing here judges the report; the clauses do.
+    work item as payload.  ``steps`` lists the index of every event but tokens
+    and extensions (``x-...``), in order, whatever id it names; ``kinds[kind]``
+    those of one kind.  ``replaying`` names the ``at=`` clauses the shared
+    replay serves (None: every one).  Nothing here judges the report; the
+    clauses do.
     """
 
     def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
@@ -147,6 +176,11 @@ class ReportIndex:
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
         self.slack: float = replay_slack(tick) if self.seconds else 0
+        self.replaying: Collection[str] | None = None
+        self._replayed: dict[str, list[Violation]] = {}
+        self._tables: BlockTables | None = None
+        self._token_times: dict[str, list[float]] = {}
+        self._frame_times: dict[str, list[float]] = {}
         self.arrivals: dict[str, dict[str, Any]] = {}
         self.cancels: dict[str, list[int]] = {}
         for line in trace:
@@ -156,20 +190,38 @@ class ReportIndex:
                 self.cancels.setdefault(line["id"], []).append(line["time"])
         for times in self.cancels.values():
             times.sort()  # a trace's file order is free; answers come in time order
+        # The pages each request needs at its largest (``required_blocks``).
+        self.largest: dict[str, int] = {
+            rid: required_blocks(line["prompt_tokens"], line["output_tokens"], self.bs)
+            for rid, line in self.arrivals.items()}
         self.seq: dict[str, list[tuple[int, str, Any]]] = {rid: [] for rid in self.arrivals}
         self.unknown: dict[str, int] = {}
         self._terminal: dict[str, tuple[int, str]] = {}
         self._tokens: dict[str, list[tuple[int, dict[str, Any]]]] = {rid: [] for rid in self.arrivals}
-        self._arrived: dict[str, int] = {}
-        self.dispatches: list[int] = []
-        self.snapshots: list[int] = []
+        self._marks: dict[str, list[tuple[int, str]]] = {rid: [] for rid in self.arrivals}
+        self.steps: list[int] = []
+        self.kinds: dict[str, list[int]] = {kind: [] for kind in EVENT_KINDS}
+        self.dispatches: list[int] = self.kinds["dispatch"]
+        self.snapshots: list[int] = self.kinds["snapshot"]
         # The one pass over the events: everything the clauses look up per request is filled in here.
-        seq, unknown, terminal, tokens, arrived = self.seq, self.unknown, self._terminal, self._tokens, self._arrived
-        dispatches, snapshots = self.dispatches, self.snapshots
+        seq, unknown, terminal, tokens, marks = self.seq, self.unknown, self._terminal, self._tokens, self._marks
+        steps, kinds = self.steps, self.kinds
         for i, ev in enumerate(self.events):
             kind = ev["event"]
+            if kind == "token":
+                rid = ev["id"]
+                target = seq.get(rid)
+                if target is None:
+                    unknown.setdefault(rid, i)
+                else:
+                    target.append((i, kind, ev))
+                    tokens[rid].append((i, ev))
+                continue
+            if kind.startswith("x-"):
+                continue
+            steps.append(i)
+            kinds.setdefault(kind, []).append(i)
             if kind == "dispatch":
-                dispatches.append(i)
                 for row in ev["work"]:
                     rid = row["id"]
                     target = seq.get(rid)
@@ -177,23 +229,16 @@ class ReportIndex:
                         unknown.setdefault(rid, i)
                     else:
                         target.append((i, "row", row))
-            elif kind == "snapshot":
-                snapshots.append(i)
-            elif kind.startswith("x-"):
-                continue
-            else:
+            elif kind != "snapshot":
                 rid = ev["id"]
                 target = seq.get(rid)
                 if target is None:
                     unknown.setdefault(rid, i)
                     continue
                 target.append((i, kind, ev))
-                if kind == "token":
-                    tokens[rid].append((i, ev))
-                elif kind in TERMINAL:
+                marks[rid].append((i, kind))
+                if kind in TERMINAL:
                     terminal.setdefault(rid, (i, kind))
-                elif kind == "arrival":
-                    arrived.setdefault(rid, i)
 
     def observes(self, needs: frozenset[str]) -> bool:
         """Whether this report records every event kind in ``needs``."""
@@ -226,8 +271,20 @@ class ReportIndex:
 
     def arrived_at(self, rid: str) -> float:
         """The time of the request's arrival event (its trace time when it has none)."""
-        i = self._arrived.get(rid)
-        return self.arrivals[rid]["time"] if i is None else self.time(i)
+        arrivals = self.of(rid, "arrival")
+        return self.time(arrivals[0]) if arrivals else self.arrivals[rid]["time"]
+
+    def marks(self, rid: str) -> list[tuple[int, str]]:
+        """(event index, kind) of the request's events other than tokens and dispatch rows, in order."""
+        return self._marks[rid]
+
+    def of(self, rid: str, *kinds: str) -> list[int]:
+        """Event indices of the request's events of ``kinds`` (not tokens or rows), in order."""
+        return [i for i, kind in self._marks[rid] if kind in kinds]
+
+    def position(self, rid: str, i: int) -> int:
+        """Where in ``seq[rid]`` the request's first entry of event ``i`` (or the first after it) is."""
+        return bisect_left(self.seq[rid], i, key=itemgetter(0))
 
     def violation(self, cid: str, message: str, rid: str | None = None, i: int | None = None) -> Violation:
         return Violation(cid, message, rid, i, None if i is None else self.events[i]["time"])
@@ -240,6 +297,20 @@ class ReportIndex:
         """(event index, event) of the request's token events, in order."""
         return self._tokens[rid]
 
+    def token_times(self, rid: str) -> list[float]:
+        """The times of the request's token events, in order."""
+        times = self._token_times.get(rid)
+        if times is None:
+            times = self._token_times[rid] = [ev["time"] for _, ev in self._tokens[rid]]
+        return times
+
+    def frame_times(self, rid: str) -> list[float]:
+        """The distinct times at which the request's tokens arrived (one per data frame), in order."""
+        times = self._frame_times.get(rid)
+        if times is None:
+            times = self._frame_times[rid] = [t for t, _ in groupby(self.token_times(rid))]
+        return times
+
     def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """(id, trace arrival line, requests-table row) for each trace request the table has."""
         table = self.report["requests"]
@@ -251,10 +322,57 @@ class ReportIndex:
     def max_active(self) -> int:
         return 1 if self.cfg["policy"] == "serial" else self.cfg["max_active"]
 
+    def block_tables(self) -> BlockTables:
+        """What each snapshot's block tables changed, and each one's page census (built on first use)."""
+        if self._tables is None:
+            self._tables = BlockTables(self.events, self.snapshots, self.capacity)
+        return self._tables
+
+    def replayed(self, cid: str) -> list[Violation]:
+        """What clause ``cid`` (registered with ``at=``) finds at its events during the one replay of the events.
+
+        The first call replays them once for every clause in ``replaying``
+        (and ``cid``), calling each at the events it judges; later calls for
+        those clauses return what that replay found.
+        """
+        if cid not in self._replayed:
+            serve = {cid} | set(CLAUSES if self.replaying is None else self.replaying)
+            self._replay([c for c in CLAUSES.values() if c.at and c.id in serve and c.id not in self._replayed])
+        return self._replayed[cid]
+
+    def _replay(self, clauses: Sequence[Clause]) -> None:
+        judges: dict[str, list[tuple[list[Violation], Callable]]] = {}
+        for c in clauses:
+            found = self._replayed[c.id] = []
+            for kind in c.at:
+                judges.setdefault(kind, []).append((found, c.step))
+        replay = Replay()
+        events = self.events
+        for i in self.steps:
+            ev = events[i]
+            for found, step in judges.get(ev["event"], ()):
+                found.extend(step(self, i, ev, replay))
+            replay.advance(ev)
+
+
+def next_state(state: str | None, kind: str) -> str | None:
+    """A request's lifecycle state (queued, active, draining, ended, released) after one of its events of ``kind``.
+
+    Finishing or being cancelled while admitted leaves it draining (it may
+    still hold pages); otherwise ended.  Kinds that change no state keep it.
+    """
+    if kind in ("finished", "cancelled"):
+        return "draining" if state == "active" else "ended"
+    return _NEXT_STATE.get(kind, state)
+
+
+_NEXT_STATE = {"arrival": "queued", "admit": "active", "preempted": "queued", "rejected": "released",
+               "release": "released"}
+
 
 class Replay:
-    """Each request's state (queued, active, draining, ended, released) and the rows it
-    fed in its current incarnation, advanced one event at a time.  ``members[state]``
+    """Each request's state (see ``next_state``) and the rows it fed in its current incarnation,
+    advanced one event at a time, and the time of the latest snapshot.  ``members[state]``
     is the set of ids in each state, kept up to date so lookups stay cheap."""
 
     STATES = ("queued", "active", "draining", "ended", "released")
@@ -263,29 +381,23 @@ class Replay:
         self.state: dict[str, str] = {}
         self.fed: dict[str, int] = {}
         self.members: dict[str, set[str]] = {s: set() for s in self.STATES}
-
-    def _set(self, rid: str, state: str) -> None:
-        old = self.state.get(rid)
-        if old is not None:
-            self.members[old].discard(rid)
-        self.state[rid] = state
-        self.members[state].add(rid)
+        self.snapshot_time: float | None = None
 
     def advance(self, ev: Mapping[str, Any]) -> None:
         kind = ev["event"]
         if kind == "dispatch":
+            fed = self.fed
             for row in ev["work"]:
-                self.fed[row["id"]] = self.fed.get(row["id"], 0) + row["input_tokens"]
-        elif kind == "arrival":
-            self._set(ev["id"], "queued")
-        elif kind == "admit":
-            self._set(ev["id"], "active")
-        elif kind == "preempted":
-            self._set(ev["id"], "queued")
-            self.fed[ev["id"]] = 0
-        elif kind == "rejected":
-            self._set(ev["id"], "released")
-        elif kind in ("finished", "cancelled"):
-            self._set(ev["id"], "draining" if self.state.get(ev["id"]) == "active" else "ended")
-        elif kind == "release":
-            self._set(ev["id"], "released")
+                fed[row["id"]] = fed.get(row["id"], 0) + row["input_tokens"]
+        elif kind == "snapshot":
+            self.snapshot_time = ev["time"]
+        elif kind in _NEXT_STATE or kind in ("finished", "cancelled"):
+            rid = ev["id"]
+            old = self.state.get(rid)
+            new = next_state(old, kind)
+            if old is not None:
+                self.members[old].discard(rid)
+            self.state[rid] = new
+            self.members[new].add(rid)
+            if kind == "preempted":
+                self.fed[rid] = 0

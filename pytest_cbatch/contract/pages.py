@@ -3,27 +3,20 @@
 A correct scheduler may allocate a dispatch's pages before its snapshot
 (engine style) or while the dispatch runs (the course's simulator), hand out
 page ids in any order, and snapshot every tick or only before dispatches; the
-clauses below hold for all of these.
+clauses below hold for all of these.  The ones that judge each snapshot
+against the lifecycle so far are registered with ``at=`` and share the
+index's one replay; the block tables are read once, as changes
+(``ReportIndex.block_tables``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterator, Mapping
 
-from .core import TERMINAL, ReportIndex, Replay, Violation, clause, required_blocks, short
+from .core import TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short
 
 
 _ENDED = frozenset(("draining", "ended"))
-
-
-def _snapshot_walk(ix: ReportIndex) -> Iterator[tuple[int, dict[str, Any], Replay]]:
-    """Yield (index, snapshot, replay as of that snapshot) for each snapshot."""
-    replay = Replay()
-    for i, ev in enumerate(ix.events):
-        if ev["event"] == "snapshot":
-            yield i, ev, replay
-        else:
-            replay.advance(ev)
 
 
 def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
@@ -52,31 +45,31 @@ def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
             "events[snapshot].block_tables": "exactly allocated_blocks distinct pages in 0..capacity-1 with no page "
                                              "in two tables",
             "events[snapshot].draining_blocks": "draining_blocks counts the pages of ended requests not yet released",
-        })
-def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
+        },
+        at=("snapshot",))
+def _pages_conserved(ix: ReportIndex, i: int, snap: dict[str, Any], replay: Replay) -> Iterator[Violation]:
     cid = "pages_conserved"
     cap = ix.capacity
-    for i, snap, replay in _snapshot_walk(ix):
-        tables = snap["block_tables"]
-        if snap["allocated_blocks"] + snap["free_blocks"] != cap:
-            yield ix.violation(cid, f"allocated {snap['allocated_blocks']} + free {snap['free_blocks']} != capacity "
-                                    f"{cap}", None, i)
+    tables = snap["block_tables"]
+    if snap["allocated_blocks"] + snap["free_blocks"] != cap:
+        yield ix.violation(cid, f"allocated {snap['allocated_blocks']} + free {snap['free_blocks']} != capacity "
+                                f"{cap}", None, i)
+    total, distinct, outside = ix.block_tables().census[i]
+    state = replay.state
+    draining = sum([len(table) for rid, table in tables.items() if state.get(rid) in _ENDED])
+    if distinct != total:
+        yield ix.violation(cid, f"{total - distinct} page(s) appear twice in the block tables: "
+                                f"{short(_doubled(tables))}", None, i)
+    elif total != snap["allocated_blocks"]:
+        yield ix.violation(cid, f"block tables hold {total} pages, allocated_blocks says "
+                                f"{snap['allocated_blocks']}", None, i)
+    if outside:
         pages: set[int] = set().union(*tables.values())
-        total = sum(map(len, tables.values()))
-        state = replay.state
-        draining = sum([len(table) for rid, table in tables.items() if state.get(rid) in _ENDED])
-        if len(pages) != total:
-            yield ix.violation(cid, f"{total - len(pages)} page(s) appear twice in the block tables: "
-                                    f"{short(_doubled(tables))}", None, i)
-        elif total != snap["allocated_blocks"]:
-            yield ix.violation(cid, f"block tables hold {total} pages, allocated_blocks says "
-                                    f"{snap['allocated_blocks']}", None, i)
-        if pages and (min(pages) < 0 or max(pages) >= cap):
-            yield ix.violation(cid, f"page id outside 0..{cap - 1}: {min(pages) if min(pages) < 0 else max(pages)}",
-                               None, i)
-        if draining != snap["draining_blocks"]:
-            yield ix.violation(cid, f"ended requests hold {draining} pages, draining_blocks says "
-                                    f"{snap['draining_blocks']}", None, i)
+        yield ix.violation(cid, f"page id outside 0..{cap - 1}: {min(pages) if min(pages) < 0 else max(pages)}",
+                           None, i)
+    if draining != snap["draining_blocks"]:
+        yield ix.violation(cid, f"ended requests hold {draining} pages, draining_blocks says "
+                                f"{snap['draining_blocks']}", None, i)
 
 
 @clause("snapshot_counts",
@@ -90,25 +83,25 @@ def _pages_conserved(ix: ReportIndex) -> Iterator[Violation]:
         compares={
             "events[snapshot].active": "exactly the requests admitted",
             "events[snapshot].queued": "the requests waiting (arrived or preempted, not ended)",
-        })
-def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
+        },
+        at=("snapshot",))
+def _snapshot_counts(ix: ReportIndex, i: int, snap: dict[str, Any], replay: Replay) -> Iterator[Violation]:
     cid = "snapshot_counts"
-    for i, snap, replay in _snapshot_walk(ix):
-        for field, state in (("active", "active"), ("queued", "queued")):
-            shown = snap.get(field)
-            if shown is None:
-                continue
-            members = replay.members[state]
-            if isinstance(shown, list):
-                # equal as multisets: same length, same set (members has no duplicates)
-                if len(shown) != len(members) or not members.issuperset(shown):
-                    expected = sorted(members)
-                    extra = sorted(set(shown) - set(expected))
-                    missing = [rid for rid in expected if rid not in shown]
-                    yield ix.violation(cid, f"snapshot {field} lists {short(shown)}; events give {short(expected)} "
-                                            f"(extra {short(extra)}, missing {short(missing)})", None, i)
-            elif shown != len(members):
-                yield ix.violation(cid, f"snapshot says {field}={shown}, events give {len(members)}", None, i)
+    for field, state in (("active", "active"), ("queued", "queued")):
+        shown = snap.get(field)
+        if shown is None:
+            continue
+        members = replay.members[state]
+        if isinstance(shown, list):
+            # equal as multisets: same length, same set (members has no duplicates)
+            if len(shown) != len(members) or not members.issuperset(shown):
+                expected = sorted(members)
+                extra = sorted(set(shown) - set(expected))
+                missing = [rid for rid in expected if rid not in shown]
+                yield ix.violation(cid, f"snapshot {field} lists {short(shown)}; events give {short(expected)} "
+                                        f"(extra {short(extra)}, missing {short(missing)})", None, i)
+        elif shown != len(members):
+            yield ix.violation(cid, f"snapshot says {field}={shown}, events give {len(members)}", None, i)
 
 
 @clause("pages_cover_rows",
@@ -127,38 +120,32 @@ def _snapshot_counts(ix: ReportIndex) -> Iterator[Violation]:
         compares={
             "events[dispatch].time": "Every dispatch follows a snapshot of its tick",
             "events[snapshot].block_tables": "at least ceil(rows it fed before the snapshot",
-        })
-def _pages_cover_rows(ix: ReportIndex) -> Iterator[Violation]:
+        },
+        at=("snapshot", "dispatch"))
+def _pages_cover_rows(ix: ReportIndex, i: int, ev: dict[str, Any], replay: Replay) -> Iterator[Violation]:
     cid = "pages_cover_rows"
-    bs = ix.bs
-    replay = Replay()
-    snapshot_time: float | None = None
-    for i, ev in enumerate(ix.events):
-        kind = ev["event"]
-        if kind == "snapshot":
-            snapshot_time = ev["time"]
-            tables = ev["block_tables"]
-            for members in (replay.members["active"], replay.members["draining"]):
-                for rid in sorted(members):
-                    fed = replay.fed.get(rid, 0)
-                    have = len(tables.get(rid, ()))
-                    if have < -(-fed // bs):
-                        yield ix.violation(cid, f"has fed {fed} rows, which need {-(-fed // bs)} pages; the snapshot "
-                                                f"shows {have}", rid, i)
-            for rid, table in tables.items():
-                line = ix.arrivals.get(rid)
-                if line is None or not table:
-                    continue
-                most = required_blocks(line["prompt_tokens"], line["output_tokens"], bs)
-                where = replay.state.get(rid)
-                if where not in ("active", "draining"):
-                    yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
-                elif len(table) > most:
-                    yield ix.violation(cid, f"holds {len(table)} pages; its whole sequence needs at most {most}",
-                                       rid, i)
-        elif kind == "dispatch" and snapshot_time != ev["time"]:
+    if ev["event"] == "dispatch":
+        if replay.snapshot_time != ev["time"]:
             yield ix.violation(cid, "dispatch without a snapshot at its tick, so its pages cannot be audited", None, i)
-        replay.advance(ev)
+        return
+    bs, fed, state = ix.bs, replay.fed, replay.state
+    tables = ev["block_tables"]
+    for members in (replay.members["active"], replay.members["draining"]):
+        short_of = [rid for rid in members if len(tables.get(rid, ())) < -(-fed.get(rid, 0) // bs)]
+        for rid in sorted(short_of):
+            need = -(-fed.get(rid, 0) // bs)
+            yield ix.violation(cid, f"has fed {fed.get(rid, 0)} rows, which need {need} pages; the snapshot "
+                                    f"shows {len(tables.get(rid, ()))}", rid, i)
+    largest = ix.largest
+    for rid, table in tables.items():
+        if not table or rid not in largest:
+            continue
+        most = largest[rid]
+        where = state.get(rid)
+        if where not in ("active", "draining"):
+            yield ix.violation(cid, f"holds {len(table)} page(s) while {where or 'not arrived'}", rid, i)
+        elif len(table) > most:
+            yield ix.violation(cid, f"holds {len(table)} pages; its whole sequence needs at most {most}", rid, i)
 
 
 @clause("headroom_nonnegative", "admission_headroom is never negative.",
@@ -190,11 +177,15 @@ def _headroom_nonnegative(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
     delay = ix.cfg["release_delay"]
+    changed = ix.block_tables().changed
     owner: dict[int, str] = {}
     last_table: dict[str, list[int]] = {}
     ended_at: dict[str, float] = {}
     released: set[str] = set()
-    for i, ev in enumerate(ix.events):
+    preempted: set[str] = set()   # since the last snapshot
+    events = ix.events
+    for i in ix.steps:
+        ev = events[i]
         kind = ev["event"]
         if kind in ("finished", "cancelled"):
             ended_at.setdefault(ev["id"], ev["time"])
@@ -202,10 +193,14 @@ def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
             for page in last_table.pop(ev["id"], []):
                 if owner.get(page) == ev["id"]:
                     del owner[page]
+            preempted.add(ev["id"])
         elif kind == "release":
             released.add(ev["id"])
         elif kind == "snapshot":
-            for rid, table in ev["block_tables"].items():
+            tables = ev["block_tables"]
+            # A table as the snapshot before showed it is its last_table still, unless it was preempted since.
+            for rid in changed[i] if preempted.isdisjoint(tables) else tables:
+                table = tables[rid]
                 before = last_table.get(rid, [])
                 if table == before:
                     continue
@@ -222,26 +217,31 @@ def _no_reuse_before_release(ix: ReportIndex) -> Iterator[Violation]:
                                            f"page {page} of {prev!r} (ended t={end}, release_delay {delay}) given to "
                                            f"{rid!r} at t={ev['time']}"
                                            + ("" if prev in released else f" before {prev!r} was released"), rid, i)
+            preempted.clear()
 
 
-def _held_at_end(ix: ReportIndex) -> dict[str, bool]:
-    """For each request that ended after an admission: whether it held pages at its end.
+def _held_at_end(ix: ReportIndex, rid: str) -> bool:
+    """Whether the request held pages when it last ended while admitted (False if it never did).
 
-    It did when it had fed rows in its last incarnation (rows need pages), or
-    when a snapshot after its end still shows pages in its table.
+    It did when it had fed rows in that incarnation (rows need pages), or
+    when a snapshot after that end still shows pages in its table.
     """
-    held: dict[str, bool] = {}
-    replay = Replay()
-    for ev in ix.events:
-        kind = ev["event"]
-        if kind in ("finished", "cancelled") and replay.state.get(ev["id"]) == "active":
-            held[ev["id"]] = replay.fed.get(ev["id"], 0) > 0
-        elif kind == "snapshot":
-            for rid, table in ev["block_tables"].items():
-                if table and rid in held:
-                    held[rid] = True
-        replay.advance(ev)
-    return held
+    state, end = None, None
+    for i, kind in ix.marks(rid):
+        if kind in ("finished", "cancelled") and state == "active":
+            end = i
+        state = next_state(state, kind)
+    if end is None:
+        return False
+    if ix.block_tables().last_holding.get(rid, -1) > end:
+        return True
+    seq = ix.seq[rid]
+    for k in range(ix.position(rid, end) - 1, -1, -1):
+        if seq[k][1] == "row":   # a row feeds at least one token (the schema's minimum)
+            return True
+        if seq[k][1] == "preempted":
+            return False
+    return False
 
 
 @clause("release_once_after_delay",
@@ -261,17 +261,17 @@ def _held_at_end(ix: ReportIndex) -> dict[str, bool]:
 def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
     cid = "release_once_after_delay"
     delay = ix.cfg["release_delay"]
-    held = _held_at_end(ix)
-    for rid, seq in ix.seq.items():
-        releases = [i for i, kind, _ in seq if kind == "release"]
-        if not any(kind == "admit" for _, kind, _ in seq):
+    for rid in ix.seq:
+        releases = ix.of(rid, "release")
+        if not ix.of(rid, "admit"):
             if releases:
                 yield ix.violation(cid, "release for a request never admitted", rid, releases[0])
             continue
-        expected = "exactly 1" if held.get(rid) else "at most 1"
-        if len(releases) > 1 or (held.get(rid) and not releases):
+        held = _held_at_end(ix, rid)
+        expected = "exactly 1" if held else "at most 1"
+        if len(releases) > 1 or (held and not releases):
             yield ix.violation(cid, f"expected {expected} release event (it "
-                                    f"{'holds' if held.get(rid) else 'holds no'} pages at its end), got "
+                                    f"{'holds' if held else 'holds no'} pages at its end), got "
                                     f"{len(releases)}", rid, releases[1] if releases[1:] else None)
         end = ix.terminal(rid)
         if releases and end is not None:
@@ -306,12 +306,12 @@ def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
     last = ix.snapshots[-1]
     snap = ix.events[last]
     held = {rid: table for rid, table in snap["block_tables"].items() if table}
-    released_after = {ev["id"] for ev in ix.events[last + 1:] if ev["event"] == "release"}
+    releases = ix.kinds["release"]
+    released_after = {ix.events[i]["id"] for i in releases if i > last}
     for rid, table in held.items():
         if rid not in released_after:
             yield ix.violation(cid, f"the last snapshot shows it holding {short(table)} and it is never released "
                                     f"after that", rid, last)
-    releases = [i for i, ev in enumerate(ix.events) if ev["event"] == "release"]
     if (not releases or releases[-1] < last) and (snap["free_blocks"] != cap or held):
         owners = ", ".join(f"{rid}: {short(t)}" for rid, t in list(held.items())[:5])
         yield ix.violation(cid, f"final snapshot after the last release: free_blocks {snap['free_blocks']} of {cap}"
@@ -332,10 +332,10 @@ def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
 def _drain_time_consistent(ix: ReportIndex) -> Iterator[Violation]:
     drained = ix.report["summary"]["drained_at_tick"]
     last = ix.events[-1]["time"] if ix.events else 0
-    ends = [ev["time"] for ev in ix.events if ev["event"] == "release"] or \
-           [ev["time"] for ev in ix.events if ev["event"] in TERMINAL]
-    floor = max(ends, default=0)
+    releases = ix.kinds["release"]
+    ends = releases or [i for kind in TERMINAL for i in ix.kinds[kind]]
+    floor = max(map(ix.time, ends), default=0)
     if drained is None or not floor <= drained <= last:
-        what = "last release" if any(ev["event"] == "release" for ev in ix.events) else "last terminal event"
+        what = "last release" if releases else "last terminal event"
         yield ix.violation("drain_time_consistent", f"summary.drained_at_tick {drained}, expected between the "
                                                     f"{what} at t={floor} and the last event at t={last}")

@@ -7,9 +7,11 @@ kinds each one must observe.
 
 from __future__ import annotations
 
+from itertools import islice
+from operator import itemgetter, le
 from typing import Iterator
 
-from .core import TERMINAL, Replay, ReportIndex, Violation, clause, required_blocks, short
+from .core import TERMINAL, Replay, ReportIndex, Violation, clause, short
 
 _MISSING = object()
 
@@ -54,7 +56,7 @@ def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
         if rid not in ix.arrivals:
             yield ix.violation(cid, "requests table has a row for an id the trace never sent", rid)
     for rid, line in ix.arrivals.items():
-        seen = [i for i, kind, _ in ix.seq[rid] if kind == "arrival"]
+        seen = ix.of(rid, "arrival")
         if len(seen) != 1:
             yield ix.violation(cid, f"expected exactly 1 arrival event, got {len(seen)}", rid, seen[1] if seen[1:] else None)
         elif not ix.on_time(ix.time(seen[0]), line["time"]):
@@ -66,9 +68,8 @@ def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
         elif seen and row["arrival"] != ix.time(seen[0]):
             yield ix.violation(cid, f"requests.arrival: expected {ix.time(seen[0])} (its arrival event), got "
                                     f"{row['arrival']}", rid)
-        if seen and any(i < seen[0] for i, _, _ in ix.seq[rid]):
-            first = ix.seq[rid][0][0]
-            yield ix.violation(cid, "an event for this request comes before its arrival", rid, first)
+        if seen and ix.seq[rid][0][0] < seen[0]:   # seq is in event order
+            yield ix.violation(cid, "an event for this request comes before its arrival", rid, ix.seq[rid][0][0])
 
 
 @clause("time_monotonic", "Event times never go backwards.",
@@ -78,6 +79,9 @@ def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
             "events[*].time": "Event times never go backwards",
         })
 def _time_monotonic(ix: ReportIndex) -> Iterator[Violation]:
+    times = list(map(itemgetter("time"), ix.events))
+    if all(map(le, times, islice(times, 1, None))) and (not times or times[0] >= 0):
+        return
     last = 0
     for i, ev in enumerate(ix.events):
         t = ev["time"]
@@ -107,7 +111,7 @@ def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
     counts = dict.fromkeys(TERMINAL, 0)
     table = ix.report["requests"]
     for rid in ix.arrivals:
-        ends = [(i, kind) for i, kind, _ in ix.seq[rid] if kind in TERMINAL]
+        ends = [(i, kind) for i, kind in ix.marks(rid) if kind in TERMINAL]
         if not ends:
             yield ix.violation(cid, "never reached finished, cancelled or rejected", rid)
             continue
@@ -139,8 +143,8 @@ def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
         end = ix.terminal(rid)
         if end is None:
             continue
-        for i, kind, _ in seq:
-            if i > end[0] and kind not in ("cancel_ignored", "release") and kind not in TERMINAL:
+        for i, kind, _ in islice(seq, ix.position(rid, end[0] + 1), None):
+            if kind not in ("cancel_ignored", "release") and kind not in TERMINAL:
                 what = "a dispatch row" if kind == "row" else f"a {kind} event"
                 yield ix.violation("no_event_after_terminal",
                                    f"{what} after it {end[1]} at t={ix.time(end[0])}", rid, i)
@@ -195,10 +199,10 @@ def _ttft_null_on_cancel(ix: ReportIndex) -> Iterator[Violation]:
         end = ix.terminal(rid)
         if end is None or end[1] != "cancelled":
             continue
-        if any(kind == "token" and i < end[0] for i, kind, _ in seq):
+        late = [i for i, _ in ix.tokens(rid)]
+        if late and late[0] < end[0]:
             continue
         row = ix.report["requests"].get(rid)
-        late = [i for i, kind, _ in seq if kind == "token"]
         if late:
             yield ix.violation("ttft_null_on_cancel", "cancelled before its first token, yet a token event follows",
                                rid, late[0])
@@ -207,15 +211,6 @@ def _ttft_null_on_cancel(ix: ReportIndex) -> Iterator[Violation]:
                                f"cancelled before its first token: expected ttft_ticks null, output_tokens 0, "
                                f"token_times []; got {row['ttft_ticks']}, {row['output_tokens']}, "
                                f"{row['token_times']}", rid, end[0])
-
-
-def _frame_times(ix: ReportIndex, rid: str) -> list[float]:
-    """The distinct times at which the request's tokens arrived (one per data frame)."""
-    times: list[float] = []
-    for _, ev in ix.tokens(rid):
-        if not times or ev["time"] != times[-1]:
-            times.append(ev["time"])
-    return times
 
 
 @clause("itl_empty_for_one_token",
@@ -230,7 +225,7 @@ def _frame_times(ix: ReportIndex, rid: str) -> list[float]:
         })
 def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
     for rid, _, row in ix.rows():
-        if len(_frame_times(ix, rid)) == 1 and row["itl_ticks"] != []:
+        if len(ix.frame_times(rid)) == 1 and row["itl_ticks"] != []:
             yield ix.violation("itl_empty_for_one_token", f"{len(ix.tokens(rid))} token(s) at one time: expected "
                                                           f"itl_ticks [], got {row['itl_ticks']}", rid)
 
@@ -248,7 +243,7 @@ def _itl_empty_for_one_token(ix: ReportIndex) -> Iterator[Violation]:
 def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
     tolerance = 1e-9 if ix.seconds else 0
     for rid, line, row in ix.rows():
-        times = _frame_times(ix, rid)
+        times = ix.frame_times(rid)
         if len(times) == 1:
             continue  # the one-token case has its own clause
         expected = [b - a for a, b in zip(times, times[1:])]
@@ -268,7 +263,7 @@ def _itl_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
-        times = [ev["time"] for _, ev in ix.tokens(rid)]
+        times = ix.token_times(rid)
         if row["token_times"] != times:
             yield ix.violation("token_record_consistent", f"token_times {short(row['token_times'])} but token "
                                                           f"events at {short(times)}", rid)
@@ -322,7 +317,7 @@ def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
     for rid, line, row in ix.rows():
-        admits = [i for i, kind, _ in ix.seq[rid] if kind == "admit"]
+        admits = ix.of(rid, "admit")
         admitted = ix.time(admits[0]) if admits else None
         queue = None if admitted is None else admitted - ix.arrived_at(rid)
         if (row["admitted"], row["queue_ticks"]) != (admitted, queue):
@@ -342,7 +337,10 @@ def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
     for rid in ix.arrivals:
-        for k, (i, ev) in enumerate(ix.tokens(rid), start=1):
+        tokens = ix.tokens(rid)
+        if [ev["output_index"] for _, ev in tokens] == list(range(1, len(tokens) + 1)):
+            continue
+        for k, (i, ev) in enumerate(tokens, start=1):
             if ev["output_index"] != k:
                 kind = "repeats an index already emitted" if ev["output_index"] < k else "skips an index"
                 yield ix.violation("no_duplicate_emission", f"token #{k} of this request has output_index "
@@ -366,9 +364,10 @@ def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
     cid = "cancel_idempotent"
-    for rid, seq in ix.seq.items():
+    for rid in ix.seq:
+        marks = ix.marks(rid)
         asked = ix.cancels.get(rid, [])
-        answers = [(i, kind, ev) for i, kind, ev in seq if kind in ("cancelled", "cancel_ignored")]
+        answers = [(i, kind, ix.events[i]) for i, kind in marks if kind in ("cancelled", "cancel_ignored")]
         if len(answers) != len(asked):
             yield ix.violation(cid, f"trace cancels it {len(asked)} time(s), report answers {len(answers)} "
                                     f"time(s) with cancelled/cancel_ignored", rid,
@@ -377,9 +376,9 @@ def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
         ended: str | None = None
         cursor = 0
         for (i, kind, ev), t in zip(answers, asked):
-            while cursor < len(seq) and seq[cursor][0] < i:
-                if seq[cursor][1] in TERMINAL and ended is None:
-                    ended = seq[cursor][1]
+            while cursor < len(marks) and marks[cursor][0] < i:
+                if marks[cursor][1] in TERMINAL and ended is None:
+                    ended = marks[cursor][1]
                 cursor += 1
             if not ix.on_time(ev["time"], t):
                 yield ix.violation(cid, f"cancel sent at {ix.when(t)} answered at t={ev['time']}", rid, i)
@@ -418,7 +417,7 @@ def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
     cid = "impossible_rejected"
     alone: dict[str, float] | None = None   # computed only when an impossible request ended
     for rid, line in ix.arrivals.items():
-        need = required_blocks(line["prompt_tokens"], line["output_tokens"], ix.bs)
+        need = ix.largest[rid]
         end = ix.terminal(rid)
         ended = end[1] if end else None
         if need <= ix.capacity:

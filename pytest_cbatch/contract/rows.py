@@ -5,6 +5,8 @@ They need the engine's dispatch events, so client-side reports skip them.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from operator import itemgetter
 from typing import Iterator
 
 from .core import TERMINAL, ReportIndex, Violation, clause
@@ -62,7 +64,8 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
     limit = ix.max_active()
     state: dict[str, str] = {}
     active = 0
-    for i, ev in enumerate(ix.events):
+    for i in ix.steps:   # tokens change no request's state
+        ev = ix.events[i]
         kind = ev["event"]
         if kind == "dispatch":
             for row in ev["work"]:
@@ -135,13 +138,12 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
     cid = "row_shape"
     chunk = ix.cfg["prefill_chunk"]
     fed: dict[str, int] = {}
-    emitted: dict[str, int] = {}
+    first_token = {rid: tokens[0][0] for rid in ix.arrivals if (tokens := ix.tokens(rid))}
     preempted: set[str] = set()
-    for i, ev in enumerate(ix.events):
+    for i in ix.steps:
+        ev = ix.events[i]
         kind = ev["event"]
-        if kind == "token":
-            emitted[ev["id"]] = emitted.get(ev["id"], 0) + 1
-        elif kind == "preempted":
+        if kind == "preempted":
             fed[ev["id"]] = 0
             preempted.add(ev["id"])
         elif kind == "dispatch":
@@ -158,9 +160,11 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
                 seen.add(rid)
                 done = fed.get(rid, 0)
                 problem = None
-                if phase == "decode" and (n != 1 or done < line["prompt_tokens"] or not emitted.get(rid)):
+                if phase == "decode" and (n != 1 or done < line["prompt_tokens"]
+                                          or first_token.get(rid, i) >= i):
+                    emitted = bisect_left(ix.tokens(rid), i, key=itemgetter(0))
                     problem = (f"decode row of {n} tokens after {done} of {line['prompt_tokens']} prompt rows and "
-                               f"{emitted.get(rid, 0)} outputs; a decode row feeds 1 token once the prompt is "
+                               f"{emitted} outputs; a decode row feeds 1 token once the prompt is "
                                f"fed and an output exists")
                 elif phase != "decode" and n > chunk:
                     problem = f"{phase} row of {n} tokens exceeds prefill_chunk {chunk}"

@@ -1,0 +1,72 @@
+"""The snapshots' block tables as changes: what each snapshot changed, and each one's page census.
+
+A large report's snapshots list millions of page ids, nearly all repeated
+from the snapshot before; the pool clauses need only what changed and a few
+counts, so the tables are read once, here, for all of them.  Nothing here
+judges the report.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+__all__ = ["BlockTables"]
+
+
+class BlockTables:
+    """Facts about the block tables of the snapshots at ``snapshots`` (event indices, in order).
+
+    ``changed[i]``: the ids whose table in snapshot ``i`` differs from their
+    table in the snapshot before (or that it did not show), in table order.
+    ``census[i]``: ``(pages listed, distinct pages, listings outside
+    0..capacity-1)`` over all of snapshot ``i``'s tables.  ``last_holding[id]``:
+    the last snapshot whose table for ``id`` holds a page.
+    """
+
+    def __init__(self, events: Sequence[dict[str, Any]], snapshots: Sequence[int], capacity: int):
+        self.changed: dict[int, list[str]] = {}
+        self.census: dict[int, tuple[int, int, int]] = {}
+        self.last_holding: dict[str, int] = {}
+        self._listed: dict[Any, int] = {}   # page -> how many tables list it
+        self._capacity = capacity
+        self._total = self._repeats = self._outside = 0
+        before: dict[str, list[Any]] = {}
+        for i in snapshots:
+            tables = events[i]["block_tables"]
+            changed = self.changed[i] = []
+            new = 0   # ids this snapshot shows and the one before did not
+            for rid, table in tables.items():
+                old = before.get(rid)
+                if old != table:
+                    changed.append(rid)
+                    new += old is None
+                    if old and table[:len(old)] == old:   # the common change: pages appended
+                        self._count(table[len(old):], 1)
+                    else:
+                        self._count(old or (), -1)
+                        self._count(table, 1)
+                if table:
+                    self.last_holding[rid] = i
+            if len(before) > len(tables) - new:   # some id the snapshot before showed is gone
+                for rid in before.keys() - tables.keys():
+                    self._count(before[rid], -1)
+            self.census[i] = (self._total, self._total - self._repeats, self._outside)
+            before = tables
+
+    def _count(self, pages: Sequence[Any], step: int) -> None:
+        """Add (``step`` 1) or remove (-1) one listing of each page."""
+        listed, capacity = self._listed, self._capacity
+        for page in pages:
+            n = listed.get(page, 0)
+            if step > 0:
+                self._repeats += n > 0
+                listed[page] = n + 1
+            else:
+                self._repeats -= n > 1
+                if n > 1:
+                    listed[page] = n - 1
+                else:
+                    del listed[page]
+            if not 0 <= page < capacity:
+                self._outside += step
+        self._total += step * len(pages)
