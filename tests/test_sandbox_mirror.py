@@ -141,7 +141,7 @@ def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pyte
                                   phases=[Phase.explicit, Phase.reuse, Phase.generate])
     """)
     result = pytester.runpytest_subprocess(
-        "--cbatch-isolate", "--cbatch-sandbox=process", "--hypothesis-profile=tiny", "-W", "error::UserWarning",
+        "--cbatch-isolate", "--cbatch-sandbox=process", "--hypothesis-profile=tiny",
         "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", "-k", "test_lifecycle")
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*[[]lifecycle.replay_no_refeed[]]*", "*lifecycle recompute clauses do not hold*"])
