@@ -11,6 +11,8 @@ runs the whole suite, and ``test_suite_runs_under_strict_markers`` collects it.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import re
 import shlex
@@ -196,8 +198,9 @@ def test_shipped_suite_passes_on_reference_from_an_empty_directory(pytester: pyt
     assert outcomes["passed"] > (500 if slow else DEMO_CHECKS + 3), outcomes
     assert slow or outcomes["deselected"] > 500, outcomes
     result.stdout.fnmatch_lines(["cbatch: impl reference (entry point reference = *)"])
-    # the reference's chunked schedule does show batch variance: the negative control passes, not skips
-    result.stdout.fnmatch_lines(["PASSED *test_numerics.py::test_numerics[[]negative_control-float64-chunked[]]"])
+    if importlib.util.find_spec("torch") is not None:
+        # the reference's chunked schedule does show batch variance: the negative control passes, not skips
+        result.stdout.fnmatch_lines(["PASSED *test_numerics.py::test_numerics[[]negative_control-float64-chunked[]]"])
     assert summary(result)["failed"] == "0"
 
 

@@ -144,6 +144,7 @@ def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pyte
     result = pytester.runpytest_subprocess(
         "--cbatch-isolate", "--cbatch-sandbox=process", "--hypothesis-profile=tiny",
         "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", "-k", "test_lifecycle and recompute")
-    result.assert_outcomes(failed=1)
+    outcomes = result.parseoutcomes()  # (without torch the numerics module is one skip)
+    assert outcomes.get("failed") == 1 and not outcomes.get("passed") and not outcomes.get("errors"), outcomes
     result.stdout.fnmatch_lines(["*[[]lifecycle.replay_no_refeed[]]*", "*lifecycle recompute clauses do not hold*"])
     assert "one request at a time" not in result.stdout.str()
