@@ -59,10 +59,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "collection (ini: cbatch_suite)")
     parser.addini("cbatch_impl", "implementation under test (see --cbatch-impl)", default=None)
     parser.addini("cbatch_profile", "hypothesis profile: ci, dev or thorough", default="ci")
+    # No ini default for the limits: unset, the implementation's declared CBATCH_LIMITS may replace LIMIT_DEFAULTS.
     parser.addini("cbatch_timeout", "seconds per call into the implementation, 0: no limit (see --cbatch-timeout)",
-                  default="60")
+                  default=None)
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
-                  default="4096")
+                  default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
@@ -72,6 +73,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     from .expect import add_options as add_expect_options
 
     add_expect_options(group, parser)
+
+
+LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 4096.0}
+"""Seconds per call and MiB of memory growth when neither an option, the ini file nor the implementation says."""
 
 
 def _setting(config: pytest.Config, name: str) -> Any:
@@ -130,16 +135,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
     limits = {}
     for name, unit in (("timeout", "seconds"), ("memory", "MiB")):
+        chosen = _setting(config, name)
         try:
-            limits[name] = float(_setting(config, name))
+            limits[name] = float(LIMIT_DEFAULTS[name] if chosen is None else chosen)
         except ValueError:
             raise pytest.UsageError(f"--cbatch-{name} (ini cbatch_{name}) must be a number of {unit}, got "
-                                    f"{_setting(config, name)!r}") from None
+                                    f"{chosen!r}") from None
         if limits[name] < 0:
             raise pytest.UsageError(f"--cbatch-{name} must be 0 (no limit) or a positive number of {unit}")
     timeout = limits["timeout"]
     left = frozenset(field for name, field in (("timeout", "seconds"), ("memory", "memory_mib"))
-                     if config.getoption(f"cbatch_{name}") is None and f"cbatch_{name}" not in config.inicfg)
+                     if _setting(config, name) is None)
     bounds = Bounds(seconds=timeout, memory_mib=limits["memory"], defaults=left)
     profile = _setting(config, "profile")
     if profile not in PROFILES:
