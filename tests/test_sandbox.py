@@ -262,3 +262,22 @@ def test_pytest_can_require_bubblewrap(pytester: pytest.Pytester, tmp_path: Path
     result = pytester.runpytest_subprocess("--cbatch-isolate", "--cbatch-sandbox=bwrap", "--cbatch-impl=reference")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*sandbox = bwrap is required, but bubblewrap (bwrap) is not installed*"])
+
+
+@pytest.mark.parametrize("root", ["/opt/python", "/tmp/venv"])
+def test_bubblewrap_binds_a_python_under_tmp_into_a_tmpfs_of_its_own(root: str, tmp_path: Path, monkeypatch) -> None:
+    """/tmp inside is a link to the private home, unless the Python installation lives under /tmp (a virtual
+    environment there): then /tmp is a tmpfs made before that installation is bound into it."""
+    from pytest_cbatch.sandbox import bwrap
+
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(bwrap, "_python_roots", lambda modules: [root])
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
+    argv = list(bwrap.confine(str(tmp_path), str(tmp_path / "work"), True, 8, ()).prefix)
+    pairs = list(zip(argv, argv[1:]))
+    bind = argv.index(root)
+    if root.startswith("/tmp/"):
+        assert ("--tmpfs", "/tmp") in pairs and pairs.index(("--tmpfs", "/tmp")) < bind
+        assert "/tmp" not in [b for a, b in pairs if a == "--symlink"] and argv.count("/tmp") == 1
+    else:
+        assert ("--tmpfs", "/tmp") not in pairs and argv[argv.index("/tmp") - 2] == "--symlink"

@@ -70,8 +70,14 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev"]
+    roots = _python_roots(modules)
+    # /tmp is the private home, unless the Python installation lives under it (a virtual environment in
+    # /tmp): then /tmp is a tmpfs of its own, made first, and that installation is bound into it.
+    tmp_roots = any(_inside(root, "/tmp") for root in roots)
+    if tmp_roots:
+        argv += ["--size", str(tmpfs_mb << 20), "--tmpfs", "/tmp"]
     aliases: list[tuple[str, str]] = []
-    for index, root in enumerate(_python_roots(modules)):
+    for index, root in enumerate(roots):
         source = root
         if as_root:
             source = os.path.join(host_dir, "roots", str(index))
@@ -82,7 +88,9 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
                 open(source, "wb").close()
             aliases.append((root, source))
         argv += ["--ro-bind", source, root]
-    argv += ["--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE, "--symlink", f"{INSIDE}/home", "/tmp"]
+    argv += ["--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE]
+    if not tmp_roots:
+        argv += ["--symlink", f"{INSIDE}/home", "/tmp"]
     inside_submission = f"{INSIDE}/submission"
     if has_folder:
         argv += ["--ro-bind", work, inside_submission]
