@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, Phase
 from hypothesis import settings as Settings
 
 from pytest_cbatch.examples.broken_lifecycle import BROKEN
-from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
+from pytest_cbatch.lifecycle import PART_CLAUSES, PARTS, lifecycle_verdicts
 from pytest_cbatch.sandbox import (
     IsolatedImplementation, Limits, bwrap_problem, lifecycle_verdicts_of, load_spec_for, mirrored,
 )
@@ -40,8 +40,6 @@ def mirrored_verdicts(impl: IsolatedImplementation, part: str, settings: Setting
 
 def part_of(name: str) -> str:
     clause = BROKEN[name][1]
-    from pytest_cbatch.lifecycle import PART_CLAUSES
-
     return next(part for part in PARTS if clause in PART_CLAUSES[part])
 
 
