@@ -7,49 +7,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, Phase
 from hypothesis import settings as Settings
 
-from pytest_cbatch.examples.broken_lifecycle import BROKEN
-from pytest_cbatch.lifecycle import PART_CLAUSES, PARTS, lifecycle_verdicts
-from pytest_cbatch.sandbox import (
-    IsolatedImplementation, Limits, bwrap_problem, lifecycle_verdicts_of, load_spec_for, mirrored,
+from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
+from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of, mirrored
+from pytest_cbatch.sandbox.mirror import ReplayChannel
+from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
+    BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken as pytest_generate_tests, part_of,
 )
-
-# No shrinking: it is capped in seconds, so how far it gets depends on the speed of the channel. The first
-# failing example of a derandomized search does not, and so neither does its message.
-SETTINGS = Settings(max_examples=6, derandomize=True, database=None, deadline=None,
-                    suppress_health_check=list(HealthCheck), phases=(Phase.explicit, Phase.reuse, Phase.generate))
-FINDS = Settings(SETTINGS, max_examples=12)  # enough for the search to find each bug of QUICK
-REFERENCE = "pytest_cbatch.reference.scheduler_faults"
-# One bug per part in the default run; every broken implementation with --run-slow.
-QUICK = ("append_without_cow", "replay_refeed", "reads_in_flight")
-
-
-def isolated(spec: str, mode: str = "process", **limits: Any) -> IsolatedImplementation:
-    return IsolatedImplementation(spec, load_spec_for(spec), Limits(**limits), mode=mode)
 
 
 def mirrored_verdicts(impl: IsolatedImplementation, part: str, settings: Settings = SETTINGS, **options: Any) -> dict:
-    channel = impl.lifecycle_mirror()
+    channel = impl.lifecycle_channel(ReplayChannel)
     verdicts = lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
                                   **options)
     assert channel.exchanges > 0 and not channel.diverged
     return verdicts
-
-
-def part_of(name: str) -> str:
-    clause = BROKEN[name][1]
-    return next(part for part in PARTS if clause in PART_CLAUSES[part])
-
-
-def broken_cases(config: pytest.Config) -> list[str]:
-    return sorted(BROKEN) if config.getoption("--run-slow") else list(QUICK)
-
-
-def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "broken" in metafunc.fixturenames:
-        metafunc.parametrize("broken", broken_cases(metafunc.config))
 
 
 def test_mirrored_verdicts_of_a_correct_submission_equal_the_live_ones() -> None:
@@ -77,17 +50,6 @@ def test_mirrored_verdicts_of_a_broken_submission_equal_the_live_ones(broken: st
         assert live[clause].status == "fail" and live[clause].message.startswith(f"[{clause}] ")
     in_process = lifecycle_verdicts(part, namespace, FINDS, max_failures=1)
     assert {c: v.status for c, v in live.items()} == {c: v.status for c, v in in_process.items()}
-
-
-HANGS = '''
-from pytest_cbatch.reference.scheduler_faults import PagedKV as _PagedKV, RecomputeRequest, TransferManager
-
-
-class PagedKV(_PagedKV):
-    def fork(self, source, target):
-        while True:
-            pass
-'''
 
 
 def test_a_step_that_hangs_times_out_at_the_call_that_hangs(tmp_path: Path) -> None:
@@ -145,4 +107,4 @@ def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pyte
     outcomes = result.parseoutcomes()  # (without torch the numerics module is one skip)
     assert outcomes.get("failed") == 1 and not outcomes.get("passed") and not outcomes.get("errors"), outcomes
     result.stdout.fnmatch_lines(["*[[]lifecycle.replay_no_refeed[]]*", "*lifecycle recompute clauses do not hold*"])
-    assert "one request at a time" not in result.stdout.str()
+    assert "one request at a time" not in result.stdout.str() and "one step at a time" not in result.stdout.str()

@@ -25,12 +25,12 @@ from .recompute import recompute_machine
 from .transfer import transfer_machine
 from .verdicts import (
     MACHINES, MAX_FAILURES, MIN_STEPS, SHRINK_SECONDS, Verdict, lifecycle_settings, lifecycle_verdicts, missing_parts,
-    shrink_budget,
+    shrink_budget, steady_draws,
 )
 
 __all__ = [
     "ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "LifecycleClause", "MACHINES", "MAX_FAILURES", "MIN_STEPS",
     "PARTS", "PART_CLAUSES", "SHRINK_SECONDS", "LifecycleViolation", "Verdict", "allocator_machine",
     "lifecycle_settings", "lifecycle_verdicts", "missing_parts", "recompute_machine", "shrink_budget",
-    "transfer_machine",
+    "steady_draws", "transfer_machine",
 ]

@@ -17,7 +17,7 @@ from .recompute import recompute_machine
 from .transfer import transfer_machine
 
 __all__ = ["MACHINES", "MAX_FAILURES", "MIN_STEPS", "SHORT_STEPS", "SHRINK_SECONDS", "Verdict", "lifecycle_settings",
-           "lifecycle_verdicts", "missing_parts", "shrink_budget"]
+           "lifecycle_verdicts", "missing_parts", "search_here", "shrink_budget", "steady_draws"]
 
 MIN_STEPS = 50
 """Floor for ``stateful_step_count`` (a profile may ask for more): replay and drain bugs need
@@ -103,12 +103,48 @@ def shrink_budget(seconds: float) -> Iterator[None]:
         engine.MAX_SHRINKING_SECONDS = limit  # type: ignore[assignment]
 
 
+@contextmanager
+def steady_draws() -> Iterator[None]:
+    """Within the block, Hypothesis draws no constants from the modules this process has loaded.
+
+    Hypothesis now and then draws a constant it found in the source of
+    "local" modules (any not installed in site-packages), so one seeded
+    search draws other examples in a process that has loaded other modules:
+    a student's pytest run and the grading command, or the sandbox child and
+    the grader that judges its search.  Without them every process draws the
+    same.  Where a Hypothesis version lacks the hook, this does nothing.
+    """
+    from hypothesis.internal.conjecture import providers
+
+    found, cache = getattr(providers, "_get_local_constants", None), getattr(providers, "CONSTANTS_CACHE", None)
+    if found is None or cache is None or not hasattr(providers, "Constants"):
+        yield
+        return
+    none = providers.Constants()
+    providers._get_local_constants = lambda: none
+    cache.cache.clear()  # its entries hold the local constants seen so far
+    try:
+        yield
+    finally:
+        providers._get_local_constants = found
+        cache.cache.clear()
+
+
 MachineWrap = Callable[[type[RuleBasedStateMachine]], type[RuleBasedStateMachine]]
+Search = Callable[[type[RuleBasedStateMachine], Settings], None]
+"""Runs one search of a machine class under the settings, raising the violation it finds (shrunk)."""
+
+
+def search_here(machine: type[RuleBasedStateMachine], settings: Settings) -> None:
+    """The default ``Search``: Hypothesis runs the machine in this process, shrinking for SHRINK_SECONDS,
+    with ``steady_draws``."""
+    with shrink_budget(SHRINK_SECONDS), steady_draws():
+        run_state_machine_as_test(machine, settings=settings)
 
 
 def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None = None, *,
                        max_failures: int = MAX_FAILURES, bounds: Bounds | None = None,
-                       wrap: MachineWrap | None = None) -> dict[str, Verdict]:
+                       wrap: MachineWrap | None = None, search: Search | None = None) -> dict[str, Verdict]:
     """Judge every clause of ``part`` on the implementation ``namespace``: ``{clause id: Verdict}``.
 
     The part's machine runs under ``lifecycle_settings(settings)``.  When it
@@ -124,7 +160,8 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     clause's example is shrunk for at most SHRINK_SECONDS.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
     raises ``bounded.CallStopped`` at once, without shrinking.  ``wrap``, when given, turns each
-    machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``).
+    machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``), and
+    ``search`` runs each search in place of ``search_here`` (``sandbox.search``).
     """
     if part not in PARTS:
         raise ValueError(f"unknown lifecycle part {part!r}; expected one of {', '.join(PARTS)}")
@@ -137,7 +174,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     stages = (Settings(config, stateful_step_count=SHORT_STEPS + 1), config)
     while len(verdicts) < max_failures:
         try:
-            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds, wrap)
+            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds, wrap, search)
         except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
@@ -149,7 +186,8 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
 
 
 def _first_violation(part: str, namespace: object, disabled: frozenset[str], stages: tuple[Settings, ...],
-                     bounds: Bounds | None = None, wrap: MachineWrap | None = None) -> LifecycleViolation | None:
+                     bounds: Bounds | None = None, wrap: MachineWrap | None = None,
+                     search: Search | None = None) -> LifecycleViolation | None:
     """Run the part's machine under each of ``stages`` in turn; the first violation found, shrunk, or None."""
     for stage in stages:
         machine = MACHINES[part](namespace, disabled)
@@ -158,8 +196,7 @@ def _first_violation(part: str, namespace: object, disabled: frozenset[str], sta
         if bounds is not None:
             machine = bounded_machine(machine, bounds)
         try:
-            with shrink_budget(SHRINK_SECONDS):
-                run_state_machine_as_test(machine, settings=stage)
+            (search or search_here)(machine, stage)
         except LifecycleViolation as violation:
             return violation
     return None

@@ -3,10 +3,10 @@
 ``IsolatedImplementation(spec, load_spec_for(spec), Limits(...))`` is an
 ``Implementation`` for ``runner.Judge`` and the lifecycle suites; see
 ``process`` (the child process and its limits), ``child`` (the child's side
-of the RPC), ``remote`` and ``proxies`` (the parent's side), ``mirror`` and
-``mirror_child`` (lifecycle steps run by the child first, judged by the
-parent from its record) and ``bwrap`` (containment with bubblewrap, and the
-sandbox modes).
+of the RPC), ``remote`` and ``proxies`` (the parent's side), ``search``,
+``mirror`` and ``mirror_child`` (lifecycle searches, or steps, run by the
+child first and judged by the parent from its record) and ``bwrap``
+(containment with bubblewrap, and the sandbox modes).
 """
 
 from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode

@@ -81,6 +81,35 @@ def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
     return handle(value)
 
 
+class _NotNative(Exception):
+    pass
+
+
+def native_copy(value: Any) -> tuple[bool, Any]:
+    """``(True, a copy of value)`` when ``value`` is JSON as it stands and comes back from it unchanged:
+    None, bools, ints, floats, strings, and lists and string-keyed dicts of them; else ``(False, None)``."""
+    try:
+        return True, _copy(value)
+    except _NotNative:
+        return False, None
+
+
+def _copy(value: Any) -> Any:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is list:
+        return [item if type(item) in _PLAIN else _copy(item) for item in value]
+    if kind is dict:
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise _NotNative
+            out[key] = item if type(item) in _PLAIN else _copy(item)
+        return out
+    raise _NotNative
+
+
 def decode(value: Any, handle: Callable[[dict[str, Any]], Any]) -> Any:
     """The inverse of ``encode``; ``handle(tag)`` turns a ``$handle`` tag into an object."""
     kind = type(value)
@@ -150,7 +179,10 @@ class Server:
     def into(self, value: Any) -> Any:
         return decode(value, self.obj)
 
-    def dispatch(self, request: dict[str, Any], snapshots: bool = True) -> dict[str, Any]:
+    def dispatch(self, request: dict[str, Any], preload: int | None = None) -> dict[str, Any]:
+        """The reply to one request.  ``preload``: None for a live request (a ``getattr`` may bring a
+        snapshot), else a mirrored one, whose reply carries the plain attributes of up to that many objects
+        (``preloaded``) and says whether a read runs no code."""
         self.drop(request.get("drop", []))
         op = request["op"]
         if op == "simulate":
@@ -165,16 +197,15 @@ class Server:
         kwargs = self.into({"$dict": request.get("kwargs", [])})
         if op in ("new", "call"):
             fn = target if op == "new" or request.get("method") is None else getattr(target, request["method"])
-            if not snapshots:
-                return self.preloaded({"ok": fn(*args, **kwargs)}, [] if op == "new" else [target])
+            if preload is not None:
+                return self.preloaded({"ok": fn(*args, **kwargs)}, [] if op == "new" else [target], preload)
             return {"ok": self.out(fn(*args, **kwargs))}
         if op == "getattr":
             name = request["name"]
-            on_class = inspect.getattr_static(type(target), name, None)
-            if inspect.isfunction(on_class) and name not in getattr(target, "__dict__", {}):
+            if _is_method(type(target), name) and name not in getattr(target, "__dict__", {}):
                 return {"ok": None, "method": True}
-            if not snapshots:  # a mirrored step: say whether reading it again runs no code
-                return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [])
+            if preload is not None:  # a mirrored step: say whether reading it again runs no code
+                return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [], preload)
             snap = self.snapshot(target)
             if snap is not None and name in snap[request["target"]["$handle"]]:
                 return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
@@ -182,12 +213,21 @@ class Server:
         if op == "dunder":
             name = request["name"]
             value = list(target) if name == "__iter__" else getattr(target, name)(*args)
-            return {"ok": self.out(value)} if snapshots else self.preloaded({"ok": value}, [target])
+            return {"ok": self.out(value)} if preload is None else self.preloaded({"ok": value}, [target], preload)
         raise ValueError(f"unknown op {op!r}")
 
-    def preloaded(self, reply: dict[str, Any], roots: list[Any]) -> dict[str, Any]:
+    def preloaded(self, reply: dict[str, Any], roots: list[Any], limit: int) -> dict[str, Any]:
         """``reply`` with its value encoded and, under ``attrs``, the plain attributes of ``roots`` (a
-        call's target) and of the objects the value names (a mirrored step's reply: see ``mirror``)."""
+        call's target) and of the objects the value names, up to ``limit`` objects (a mirrored step's
+        reply: see ``mirror``).  A value that is JSON as it stands (``native``) goes as it is, marked
+        ``raw``, and needs no decoding (``native_copy``)."""
+        plain, copy = native_copy(reply["ok"])
+        if plain:
+            reply["ok"], reply["raw"] = copy, True
+            return reply
+        if not limit:
+            reply["ok"] = self.out(reply["ok"])
+            return reply
         named: list[Any] = []
 
         def handle(obj: Any) -> dict[str, Any]:
@@ -195,7 +235,7 @@ class Server:
             return self.handle(obj)
 
         reply["ok"] = encode(reply["ok"], handle)
-        attrs = self.attributes([*roots, *named], MIRROR_PRELOAD, depth=0)
+        attrs = self.attributes([*roots, *named], limit, depth=0)
         if attrs:
             reply["attrs"] = attrs
         return reply
@@ -301,6 +341,12 @@ def _slot_members(cls: type) -> tuple[tuple[str, Any], ...]:
             if isinstance(member, types.MemberDescriptorType) and inspect.getattr_static(cls, name, None) is member:
                 found.setdefault(name, member)
     return tuple(found.items())
+
+
+@functools.lru_cache(maxsize=65536)
+def _is_method(cls: type, name: str) -> bool:
+    """Whether ``name`` on ``cls`` is a plain function (so, on an instance without that attribute, a method)."""
+    return inspect.isfunction(inspect.getattr_static(cls, name, None))
 
 
 @functools.lru_cache(maxsize=65536)

@@ -204,24 +204,42 @@ def mirrored(cls: type[_T], channel: ReplayChannel) -> type[_T]:
 
 
 def lifecycle_verdicts_of(impl: Any, part: str, settings: Any = None, **options: Any) -> tuple[dict[str, Any], str]:
-    """``lifecycle_verdicts(part, ...)`` of ``impl``: mirrored when it offers ``lifecycle_mirror`` (a
-    sandboxed submission), over its plain ``namespace`` otherwise; returns ``(verdicts, note)``.
+    """``lifecycle_verdicts(part, ...)`` of ``impl``: searched by its child (``search``) when it offers
+    ``lifecycle_channel`` (a sandboxed submission), over its plain ``namespace`` otherwise; returns
+    ``(verdicts, note)``.
 
-    ``note`` is empty unless the mirror diverged and the part was judged again
-    over the live channel, which it then says.  ``options`` go to
-    ``lifecycle_verdicts``.
+    When the child's search stops early (it died, timed out or exited), the
+    part is judged again with mirrored steps; when its lines differ from the
+    grader's run, too, and ``note`` says so; when mirrored steps differ, the
+    part is judged once more over the live channel, as ``note`` says.  The
+    time of a part's earlier tries is not counted against the submission's
+    limits.  ``options`` go to ``lifecycle_verdicts``.
     """
     from ..lifecycle import lifecycle_verdicts
+    from .search import SearchChannel, SearchStopped, run_search, searched
 
-    make_mirror = getattr(impl, "lifecycle_mirror", None)
-    if make_mirror is None:
+    channel_of = getattr(impl, "lifecycle_channel", None)
+    if channel_of is None:
         return lifecycle_verdicts(part, impl.namespace, settings, **options), ""
-    channel = make_mirror()
+    search = channel_of(SearchChannel)
+    tally = search.sandbox.tally()
+    try:
+        return lifecycle_verdicts(part, search.namespace, settings, wrap=lambda cls: searched(cls, search),
+                                  search=lambda machine, stage: run_search(search, machine, stage), **options), ""
+    except SearchStopped:
+        note = ""
+    except MirrorDiverged as exc:
+        note = (f"lifecycle {part}: judged one step at a time, since the sandbox's search differed from the "
+                f"grader's run of it ({exc})")
+    impl.close()  # its child is part-way through a search; the next request starts a fresh one
+    search.sandbox.rewind(tally)
+    channel = channel_of(ReplayChannel)
     try:
         return lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
-                                  **options), ""
+                                  **options), note
     except MirrorDiverged as exc:
-        impl.close()  # its child is part-way through a step; the next request starts a fresh one
+        impl.close()
+        search.sandbox.rewind(tally)
         note = (f"lifecycle {part}: judged one request at a time, since the sandbox's record of a step differed "
                 f"from the grader's run of it ({exc})")
         return lifecycle_verdicts(part, impl.namespace, settings, **options), note

@@ -1,27 +1,33 @@
-"""The sandbox child's side of a mirrored lifecycle step (see ``mirror``).
+"""The sandbox child's side of a mirrored lifecycle step (see ``mirror``) or search (see ``search``).
 
 The child runs the kit's own lifecycle machine for the part being judged,
-driven by the steps the parent sends, against the submission in this process.
-Every request the machine makes of the submission's objects is answered here
-at once and written to the parent, one line each: the parent then runs the
-same step and reads its answers from those lines instead of waiting for each.
-Lines are written in batches (one ``{"batch": [...]}`` line each), but always
-before a request that runs code of the submission's, so a call that hangs
-leaves the parent every line before it and times out at that call.  Nothing here judges: the machine's own
-verdicts in this process are thrown away, and the parent's run of the step
-decides.
+driven by the steps the parent sends (or, for a search, by its own
+Hypothesis search), against the submission in this process.  Every request
+the machine makes of the submission's objects is answered here at once and
+written to the parent, one line each: the parent then runs the same step or
+search and reads its answers from those lines instead of waiting for each.
+Lines are written in batches (one ``{"batch": [...]}`` line each).  For a
+step they go before each request that runs code of the submission's, so a
+call that hangs leaves the parent every line before it and times out at that
+call; a search streams them by size and age (see ``RecordingChannel.write``).
+Nothing here judges: the machine's own verdicts in this process are thrown
+away, and the parent's run decides.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
-from .child import Server, _plain_read, encode, raised
+from .child import MIRROR_PRELOAD, Server, _plain_read, encode, raised
 from .remote import RecordChannel, RemoteNamespace
 
 __all__ = ["MirrorSession"]
 
 SendAll = Callable[[list[dict[str, Any]]], None]
+STREAM_LINES = 256
+STREAM_SECONDS = 0.01
+"""While a search streams, queued lines are sent once there are STREAM_LINES or the oldest waited STREAM_SECONDS."""
 
 
 class RecordingChannel(RecordChannel):
@@ -32,25 +38,38 @@ class RecordingChannel(RecordChannel):
         self.server, self.send_all = server, send_all
         self.example = 0
         self.lines: list[dict[str, Any]] = []
+        self.preload = MIRROR_PRELOAD
+        self.streaming = False  # a search: lines stream ahead in batches by size and age (see ``write``)
+        self.since = 0.0  # when the queued lines were last sent
 
     @property
     def generation(self) -> int:
         return self.example
 
     def write(self, line: dict[str, Any]) -> None:
+        """Queue ``line``; while streaming, send the queue once it is long or old.
+
+        A search streams: its parent reads ahead, so nothing need be sent
+        before each of the submission's calls.  A call that hangs then times
+        out with lines unsent, and the parent judges the part again with
+        mirrored steps, which time out at that call.
+        """
         self.lines.append(line)
+        if self.streaming and (len(self.lines) >= STREAM_LINES or time.monotonic() - self.since > STREAM_SECONDS):
+            self.flush()
 
     def flush(self) -> None:
         """Send the queued lines as one ``{"batch": [...]}`` line (the parent's reader unpacks it)."""
         if self.lines:
             lines, self.lines = self.lines, []
             self.send_all([{"batch": lines}])
+        self.since = time.monotonic()
 
     def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
-        if not self._reads_only(message):
+        if not self.streaming and not self._reads_only(message):
             self.flush()
         try:
-            reply = self.server.dispatch(message, snapshots=False)
+            reply = self.server.dispatch(message, self.preload)
         except SystemExit as exc:
             reply = {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
@@ -78,7 +97,13 @@ class MirrorSession:
 
     def run(self, request: dict[str, Any]) -> dict[str, Any]:
         """Run ``request["steps"]`` (``[name, kwargs]`` each, ``teardown`` included) in order, stopping at
-        the first that raises; ``start`` first begins a new example of ``start["part"]``."""
+        the first that raises; ``start`` first begins a new example of ``start["part"]``.  A ``search``
+        request runs a whole search instead (``search``)."""
+        if "search" in request:
+            try:
+                return self.search(request["search"])
+            finally:
+                self.channel.flush()
         if "start" in request:
             self.begin(request["start"])
         machine = self.machine
@@ -115,6 +140,57 @@ class MirrorSession:
                 channel.write({"seg": [name, [[k, encode(v, _no_handles)] for k, v in kwargs.items()]]})
 
         self.machine = Recorded()
+
+    def search(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Run one search of ``spec["part"]`` here, as ``lifecycle_verdicts`` would in process (shrinking
+        included), under the settings ``spec["settings"]`` describes (``search.search_settings``).
+
+        Each example writes ``{"ex": n}`` as its machine is made, then its steps
+        and requests as a mirrored step does; the reply says whether the
+        search failed: ``{"ok": {"failed": bool}}``.
+        """
+        from hypothesis import seed as hypothesis_seed
+        from hypothesis.stateful import run_state_machine_as_test
+
+        from ..lifecycle import MACHINES, SHRINK_SECONDS, shrink_budget, steady_draws
+        from .search import search_settings
+
+        server, channel = self.server, self.channel
+        namespace = RemoteNamespace(channel, [p for p in spec["parts"] if p in server.names], spec["label"])
+        cls = MACHINES[spec["part"]](namespace, frozenset(spec["disabled"]))
+
+        class Searched(cls):  # type: ignore[valid-type, misc]
+            def __init__(self) -> None:
+                server.drop(list(server.objects))
+                channel.example += 1
+                channel.methods.clear()
+                channel.reads.clear()
+                channel.write({"ex": channel.example})
+                super().__init__()
+
+            def before_step(self, name: str, kwargs: dict[str, Any]) -> None:
+                channel.write({"seg": [name, [[k, encode(v, _no_handles)] for k, v in kwargs.items()]]})
+
+            def teardown(self) -> None:
+                if not (self.failed or self.halted or not self.started):  # as the grader's machine does
+                    channel.write({"seg": ["teardown", []]})
+                super().teardown()
+
+        Searched.__name__ = Searched.__qualname__ = cls.__name__
+        Searched.__doc__ = cls.__doc__
+        settings, seed = search_settings(spec["settings"], shrink=True)
+        if seed is not None:
+            Searched = hypothesis_seed(seed)(Searched)
+        # The first line goes at once: the parent waits longer for it, while this child imports the kit.
+        channel.streaming, channel.preload, channel.since = True, 0, -STREAM_SECONDS
+        try:
+            with shrink_budget(SHRINK_SECONDS), steady_draws():
+                run_state_machine_as_test(Searched, settings=settings)
+        except Exception:  # noqa: BLE001 - the grader judges the examples; here only "it failed" matters
+            return {"ok": {"failed": True}}
+        finally:
+            channel.streaming, channel.preload = False, MIRROR_PRELOAD
+        return {"ok": {"failed": False}}
 
 
 def _no_handles(obj: Any) -> dict[str, Any]:

@@ -15,6 +15,7 @@ the one place the child's command line is built.
 from __future__ import annotations
 
 import collections
+import fcntl
 import json
 import os
 import selectors
@@ -37,6 +38,7 @@ __all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIP
 CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
 _COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
 _MAX_COPY_BYTES = 64 << 20
+_PIPE_BYTES = 1 << 20  # the child's reply pipe (Linux allows this much by default)
 _OUTPUT_KEPT = 4096  # bytes of the child's output kept for messages
 _SIGNALS = {
     signal.SIGXCPU: "exceeded its CPU-time limit",
@@ -144,6 +146,7 @@ class Sandbox:
             os.mkdir(work)
         p2c_r, p2c_w = os.pipe()
         c2p_r, c2p_w = os.pipe()
+        _widen(c2p_r)
         try:
             argv, preexec, cwd, env = self._command(work, home, {"rpc_in": p2c_r, "rpc_out": c2p_w})
             self._proc = subprocess.Popen(
@@ -228,6 +231,16 @@ class Sandbox:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    def tally(self) -> tuple[float, dict[str, list[str]]]:
+        """What the limits have counted so far: seconds of calls, and each family's recent failures."""
+        return self.seconds_used, {family: list(failed) for family, failed in self._failures.items()}
+
+    def rewind(self, tally: tuple[float, dict[str, list[str]]]) -> None:
+        """Forget what the limits counted since ``tally``: the calls since then were a try of the kit's
+        that it makes again another way (see ``mirror.lifecycle_verdicts_of``)."""
+        self.seconds_used = tally[0]
+        self._failures = {family: list(failed) for family, failed in tally[1].items()}
 
     # ------------------------------------------------------------- requests
 
@@ -388,6 +401,14 @@ class Sandbox:
         else:
             what = f"exited with status {code} (sys.exit or os._exit)"
         return SandboxFailure("died", f"the {self.label} {what}" + self._output.tail_note())
+
+
+def _widen(fd: int) -> None:
+    """Give the child's reply pipe room for a search's lines to stream ahead (Linux; elsewhere nothing)."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ"), _PIPE_BYTES)
+    except (AttributeError, OSError):  # another system, or a lower pipe-max-size: the default size works
+        pass
 
 
 def _copy_submission(source: str, target: str) -> None:

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import os
 import weakref
-from typing import Any
+from typing import Any, TypeVar
 
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
 from .child import decode
 from .limits import Limits
 from .process import LoadSpec, Sandbox, SandboxFailure
-from .mirror import ReplayChannel
 from .remote import Channel, RemoteNamespace, RemoteObject
 
 __all__ = ["IsolatedImplementation", "LiveChannel", "RemoteObject", "SandboxFailure", "load_spec_for"]
 
+_C = TypeVar("_C")
 _PRIORITY = ("scheduler_sim.py", "scheduler_faults.py")
 _NOT_SUBMISSION = ("test_", "conftest.py", "setup.py")
 
@@ -146,10 +146,11 @@ class IsolatedImplementation(Implementation):
             raise ImplementationError(f"--cbatch-impl {spec}: found neither a callable 'simulate' nor any of "
                                       f"PagedKV, RecomputeRequest, TransferManager")
 
-    def lifecycle_mirror(self) -> ReplayChannel:
-        """A fresh channel that judges lifecycle steps mirrored by the child (see ``sandbox.mirror``); its
-        ``namespace`` stands for the submission's lifecycle classes, as ``self.namespace`` does."""
-        return ReplayChannel(self.sandbox, list(self.parts))
+    def lifecycle_channel(self, kind: type[_C]) -> _C:
+        """A fresh channel of ``kind`` (``mirror.ReplayChannel`` or ``search.SearchChannel``) that judges
+        lifecycle runs the child makes first; its ``namespace`` stands for the submission's lifecycle
+        classes, as ``self.namespace`` does."""
+        return kind(self.sandbox, list(self.parts))
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         assert self.fn is not None  # run() checks unsupported_reason first

@@ -7,10 +7,11 @@ further ``RemoteObject`` handles, and an exception raised by the submission is
 re-raised as a subclass of the nearest built-in exception with the same name
 (so ``except ValueError`` works).  The channel decides how a request is
 answered: ``proxies.LiveChannel`` sends it to the sandbox child and waits,
-``mirror.ReplayChannel`` takes the answer from the child's record of a step,
-and the child's ``mirror_child.RecordingChannel`` answers it in process and
-records it.  Because all three share this class, code driven through any of
-them makes the same requests in the same order.
+``mirror.ReplayChannel`` and ``search.SearchChannel`` take the answer from
+the child's record of a step or of a search, and the child's
+``mirror_child.RecordingChannel`` answers it in process and records it.
+Because they all share this class, code driven through any of them makes the
+same requests in the same order.
 """
 
 from __future__ import annotations
@@ -82,7 +83,8 @@ class Channel:
         return reply
 
     def value(self, reply: dict[str, Any]) -> Any:
-        return decode(reply["ok"], self.proxy)
+        """The reply's value: as it came when marked ``raw`` (plain JSON, see ``child.native``), else decoded."""
+        return reply["ok"] if reply.get("raw") else decode(reply["ok"], self.proxy)
 
     def proxy(self, tag: dict[str, Any]) -> RemoteObject:
         """One proxy per live remote object, so the child frees it only when the last proxy goes."""
@@ -110,23 +112,24 @@ class RecordChannel(Channel):
 
     def __init__(self) -> None:
         super().__init__()
-        self.reads: dict[tuple[int, str], Any] = {}
+        self.reads: dict[tuple[int, str], tuple[bool, Any]] = {}  # (handle, name) -> (raw, value)
 
     def cached(self, handle: int, generation: int, name: str) -> tuple[bool, Any]:
-        if generation != self.generation or (handle, name) not in self.reads:
+        found = self.reads.get((handle, name)) if generation == self.generation else None
+        if found is None:
             return False, None
-        return True, decode(self.reads[(handle, name)], self.proxy)
+        return True, found[1] if found[0] else decode(found[1], self.proxy)
 
     def remember(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
         """Forget every answer once a request of another kind than a plain read is made; then keep a plain
         read's answer and the plain attributes the reply brought along (``child.Server.preloaded``)."""
         if message["op"] == "getattr" and reply.get("plain") and "ok" in reply:
-            self.reads[(message["target"]["$handle"], message["name"])] = reply["ok"]
+            self.reads[(message["target"]["$handle"], message["name"])] = (bool(reply.get("raw")), reply["ok"])
         elif message["op"] != "getattr" or not reply.get("method"):
             self.reads.clear()
         for handle, attrs in reply.get("attrs", {}).items():
             for name, value in attrs.items():
-                self.reads[(int(handle), name)] = value
+                self.reads[(int(handle), name)] = (False, value)
 
 
 def _handle_of(obj: Any) -> dict[str, Any]:

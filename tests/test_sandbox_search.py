@@ -1,0 +1,205 @@
+"""Searched lifecycle parts (pytest_cbatch.sandbox.search): the child runs each search ahead, the grader
+judges it as it comes, and the verdicts are those of the same search judged in process or over the live
+channel; whatever goes wrong in the child's search, the part is judged again with mirrored steps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, Phase
+from hypothesis import settings as Settings
+
+from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
+from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of
+from pytest_cbatch.sandbox import search as searching
+from pytest_cbatch.sandbox.child import native_copy
+from pytest_cbatch.sandbox.mirror import ReplayChannel
+from pytest_cbatch.sandbox.search import SearchChannel, run_search, searched
+from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
+    BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken as pytest_generate_tests, part_of,
+)
+
+SHRINKS = Settings(FINDS, phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
+
+
+def searched_verdicts(impl: IsolatedImplementation, part: str, settings: Settings = SETTINGS, **options: Any) -> dict:
+    """The part's verdicts, searched by the child; fails if any search fell back to another way."""
+    channel = impl.lifecycle_channel(SearchChannel)
+    verdicts = lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: searched(cls, channel),
+                                  search=lambda machine, stage: run_search(channel, machine, stage), **options)
+    assert channel.searches > 0 and not channel.running
+    return verdicts
+
+
+class Ways:
+    """Counts, during a test, the searches the child began and the mirrored steps the grader asked for."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.searches = self.steps = 0
+        start, step = SearchChannel.start, ReplayChannel.step
+
+        def counted_start(channel: SearchChannel, *args: Any) -> None:
+            self.searches += 1
+            start(channel, *args)
+
+        def counted_step(channel: ReplayChannel, *args: Any) -> None:
+            self.steps += 1
+            step(channel, *args)
+
+        monkeypatch.setattr(SearchChannel, "start", counted_start)
+        monkeypatch.setattr(ReplayChannel, "step", counted_step)
+
+
+@pytest.fixture
+def ways(monkeypatch: pytest.MonkeyPatch) -> Ways:
+    return Ways(monkeypatch)
+
+
+def test_searched_verdicts_of_a_correct_submission_equal_those_in_process(ways: Ways) -> None:
+    impl = isolated(REFERENCE)
+    settings = Settings(SETTINGS, max_examples=5)
+    try:
+        for part in PARTS:
+            verdicts, note = lifecycle_verdicts_of(impl, part, settings)
+            assert note == "" and verdicts == lifecycle_verdicts(part, impl.namespace, settings), part
+            assert {v.status for v in verdicts.values()} == {"pass"}, part
+    finally:
+        impl.close()
+    assert ways.searches == 2 * len(PARTS) and ways.steps == 0  # a short and a long search per part
+
+
+def test_searched_verdicts_of_a_broken_submission_equal_the_live_ones(broken: str) -> None:
+    part = part_of(broken)
+    impl = isolated(f"pytest_cbatch.examples.broken_lifecycle:{broken}")
+    try:  # every failing clause: each search after the first has the clauses found so far disabled
+        live = lifecycle_verdicts(part, impl.namespace, FINDS)
+        assert searched_verdicts(impl, part, FINDS) == live
+    finally:
+        impl.close()
+    clause = BROKEN[broken][1]
+    if broken in QUICK:
+        assert live[clause].status == "fail" and live[clause].message.startswith(f"[{clause}] ")
+
+
+def test_the_violation_is_the_childs_shrunk_example_judged_by_the_grader() -> None:
+    # A bug whose example shrinks to its end in well under SHRINK_SECONDS: both shrinks then stop at the same
+    # example, wherever they run and however fast.
+    namespace, clause = BROKEN["reads_in_flight"]
+    impl = isolated("pytest_cbatch.examples.broken_lifecycle:reads_in_flight")
+    try:
+        unshrunk = searched_verdicts(impl, "transfer", FINDS, max_failures=1)
+        shrunk = searched_verdicts(impl, "transfer", SHRINKS, max_failures=1)
+    finally:
+        impl.close()
+    assert shrunk == lifecycle_verdicts("transfer", namespace, SHRINKS, max_failures=1)
+    assert unshrunk[clause].status == shrunk[clause].status == "fail"
+    assert len(shrunk[clause].message) < len(unshrunk[clause].message)
+
+
+def test_a_search_with_a_random_seed_is_the_same_on_both_sides(ways: Ways) -> None:
+    impl = isolated(REFERENCE)
+    try:
+        verdicts, note = lifecycle_verdicts_of(impl, "transfer", Settings(SETTINGS, derandomize=False))
+    finally:
+        impl.close()
+    assert note == "" and ways.searches == 2 and ways.steps == 0
+    assert {v.status for v in verdicts.values()} == {"pass"}
+
+
+def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
+    (tmp_path / "hangs.py").write_text(HANGS)
+    impl = isolated(str(tmp_path / "hangs.py"), call_seconds=2)
+    try:  # the first failing clause is enough: every later search would wait for the hang again
+        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
+        impl.close()
+        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
+    finally:
+        impl.close()
+    assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
+    failed = [v.message for v in verdicts.values() if v.status == "fail"]
+    assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
+
+
+EXITS = '''
+import sys
+
+from pytest_cbatch.reference.scheduler_faults import PagedKV as _PagedKV, RecomputeRequest, TransferManager
+
+
+class PagedKV(_PagedKV):
+    def fork(self, source, target):
+        sys.exit(3)
+'''
+
+
+def test_a_search_whose_submission_exits_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
+    (tmp_path / "exits.py").write_text(EXITS)
+    impl = isolated(str(tmp_path / "exits.py"))
+    try:
+        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
+        impl.close()
+        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
+    finally:
+        impl.close()
+    assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
+    assert any("sys.exit(3)" in v.message for v in verdicts.values() if v.status == "fail"), verdicts
+
+
+SKIPS_SEARCH = '''
+from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
+import hypothesis.stateful as _stateful
+
+_stateful.run_state_machine_as_test = lambda *args, **kwargs: None  # the child's searches run no example
+'''
+
+
+def test_a_submission_that_stops_its_childs_search_is_judged_with_mirrored_steps(tmp_path: Path,
+                                                                                 ways: Ways) -> None:
+    (tmp_path / "skips.py").write_text(SKIPS_SEARCH)
+    impl = isolated(str(tmp_path / "skips.py"))
+    try:
+        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS)
+        assert verdicts == lifecycle_verdicts("allocator", impl.namespace, SETTINGS)
+    finally:
+        impl.close()
+    assert "judged one step at a time" in note and "where the grader starts an example" in note, note
+    assert ways.searches == 1 and ways.steps > 0
+
+
+@pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}")
+def test_parts_are_searched_inside_bubblewrap(ways: Ways) -> None:
+    impl = isolated(REFERENCE, mode="bwrap")
+    try:
+        verdicts, note = lifecycle_verdicts_of(impl, "recompute", Settings(SETTINGS, max_examples=4))
+    finally:
+        impl.close()
+    assert note == "" and {v.status for v in verdicts.values()} == {"pass"}
+    assert ways.searches == 2 and ways.steps == 0
+
+
+def test_the_search_settings_are_the_same_on_both_sides_but_for_shrinking() -> None:
+    base = Settings(max_examples=7, stateful_step_count=13, derandomize=False, deadline=None,
+                    suppress_health_check=[HealthCheck.filter_too_much],
+                    phases=(Phase.explicit, Phase.generate, Phase.shrink))
+    doc = searching.describe(base)
+    child, seed = searching.search_settings(doc, shrink=True)
+    grader, same_seed = searching.search_settings(doc, shrink=False)
+    assert seed == same_seed and isinstance(seed, int)
+    assert Phase.shrink in child.phases and Phase.shrink not in grader.phases
+    for settings in (child, grader):
+        assert (settings.max_examples, settings.stateful_step_count, settings.database) == (7, 13, None)
+        assert {HealthCheck.filter_too_much, HealthCheck.too_slow} <= set(settings.suppress_health_check)
+    assert searching.describe(Settings(base, derandomize=True))["seed"] is None
+
+
+@pytest.mark.parametrize("value", [[1, "a", None, 2.5, True], {"a": [1, {"b": []}]}, [], {}])
+def test_plain_json_values_travel_as_they_are(value: Any) -> None:
+    plain, copy = native_copy(value)
+    assert plain and copy == value and (copy is not value)
+
+
+@pytest.mark.parametrize("value", [(1, 2), {1: "a"}, [{1, 2}], [object()], {"a": (1,)}])
+def test_other_values_are_encoded(value: Any) -> None:
+    assert native_copy(value) == (False, None)
