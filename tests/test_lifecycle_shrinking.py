@@ -62,3 +62,20 @@ def test_shrinking_keeps_the_clause_and_shortens_the_replay() -> None:
     shrunk = lifecycle_verdicts("recompute", namespace, few)
     assert {c for c, v in shrunk.items() if v.status == "fail"} == {c for c, v in found.items() if v.status == "fail"}
     assert shrunk[clause].message.count("\n") <= found[clause].message.count("\n")
+
+
+def test_the_final_run_is_never_halted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hypothesis reports the least failing example by its own order, which may have a longer script than
+    the shortest failure seen: its final run must fail again, so it is judged to the end (else the part
+    broke down with a FlakyFailure)."""
+    from pytest_cbatch.lifecycle import machine as machines
+
+    namespace, _clause = BROKEN["second_cancel_raises"]
+    cls = MACHINES["recompute"](namespace)
+    cls.shortest.note(1)
+    for final, halted in ((True, False), (False, True)):
+        monkeypatch.setattr(machines, "final_run", lambda: final)
+        run = cls()
+        run.setup(capacity=4, block_size=1, prompts=[[1]])
+        run.advance(pick=0, prefer_active=True, action="sample")
+        assert run.halted is halted

@@ -36,7 +36,7 @@ from ..explain import stack_lines
 from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
 from .oracle import PoolOracle
 
-__all__ = ["ANY", "PICK", "LifecycleMachine", "bind", "choose", "import_lines", "judged", "surface_names"]
+__all__ = ["ANY", "PICK", "LifecycleMachine", "bind", "choose", "final_run", "import_lines", "judged", "surface_names"]
 
 PC = "lifecycle.page_conservation"
 PV = "lifecycle.pool_views"
@@ -60,14 +60,23 @@ class Shortest:
         return self.lines is not None and lines > self.lines
 
 
+def final_run() -> bool:
+    """Whether Hypothesis is running the failing example it will report (the last run of a search)."""
+    from hypothesis.control import current_build_context, currently_in_test_context
+
+    return currently_in_test_context() and bool(getattr(current_build_context(), "is_final", False))
+
+
 def judged(fn: _Fn) -> _Fn:
     """Wrap a rule or invariant: skip it once the run halted, and halt on a disabled clause
-    or once the script is longer than the shortest failing one.  Hypothesis calls it with
-    keyword arguments only; ``before_step`` hears of each call it runs."""
+    or once the script is longer than the shortest failing one (except in Hypothesis's final
+    run: the example it reports is the least by its own order, which may have the longer
+    script).  Hypothesis calls it with keyword arguments only; ``before_step`` hears of each
+    call it runs."""
 
     @functools.wraps(fn)
     def run(self: LifecycleMachine, **kwargs: Any) -> Any:
-        if not self.halted and self.shortest.exceeded(len(self.script)):
+        if not self.halted and self.shortest.exceeded(len(self.script)) and not final_run():
             self.halted = True
         if self.halted:
             return None

@@ -43,6 +43,7 @@ from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from ..lifecycle import LifecycleViolation, steady_draws
+from ..lifecycle.machine import final_run
 from .child import decode, encode
 from .mirror import KIT_SECONDS, MirrorDiverged, _what
 from .process import Sandbox, SandboxFailure
@@ -148,7 +149,7 @@ class SearchChannel(RecordChannel):
     def new_example(self) -> None:
         """A new machine instance: its objects are new.  When Hypothesis runs its failing example again
         (to report it), the lines of that example answer the run, as the child's next ones would not."""
-        if _final_run():
+        if final_run():
             self.ahead.extend(self.kept)
             self.again, self.keeping = True, False
         else:
@@ -224,13 +225,6 @@ def searched(cls: type[_T], channel: SearchChannel) -> type[_T]:
     Searched.__name__ = Searched.__qualname__ = cls.__name__
     Searched.__doc__ = cls.__doc__
     return Searched  # type: ignore[return-value]
-
-
-def _final_run() -> bool:
-    """Whether Hypothesis is running the failing example it will report (its last run of a search)."""
-    from hypothesis.control import current_build_context, currently_in_test_context
-
-    return currently_in_test_context() and bool(getattr(current_build_context(), "is_final", False))
 
 
 def run_search(channel: SearchChannel, machine: type[RuleBasedStateMachine], settings: Settings) -> None:
