@@ -193,6 +193,8 @@ class Server:
             target = self.names[request["name"]]
         else:
             target = self.obj(request["target"])
+        if op == "getattr":  # the most requests by far: no arguments to decode
+            return self.read(target, request, preload)
         args = self.into(request.get("args", []))
         kwargs = self.into({"$dict": request.get("kwargs", [])})
         if op in ("new", "call"):
@@ -200,21 +202,23 @@ class Server:
             if preload is not None:
                 return self.preloaded({"ok": fn(*args, **kwargs)}, [] if op == "new" else [target], preload)
             return {"ok": self.out(fn(*args, **kwargs))}
-        if op == "getattr":
-            name = request["name"]
-            if _is_method(type(target), name) and name not in getattr(target, "__dict__", {}):
-                return {"ok": None, "method": True}
-            if preload is not None:  # a mirrored step: say whether reading it again runs no code
-                return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [], preload)
-            snap = self.snapshot(target)
-            if snap is not None and name in snap[request["target"]["$handle"]]:
-                return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
-            return {"ok": self.out(getattr(target, name))}
         if op == "dunder":
             name = request["name"]
             value = list(target) if name == "__iter__" else getattr(target, name)(*args)
             return {"ok": self.out(value)} if preload is None else self.preloaded({"ok": value}, [target], preload)
         raise ValueError(f"unknown op {op!r}")
+
+    def read(self, target: Any, request: dict[str, Any], preload: int | None) -> dict[str, Any]:
+        """The reply to a ``getattr`` request (see ``dispatch``)."""
+        name = request["name"]
+        if _is_method(type(target), name) and name not in getattr(target, "__dict__", {}):
+            return {"ok": None, "method": True}
+        if preload is not None:  # a mirrored step: say whether reading it again runs no code
+            return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [], preload)
+        snap = self.snapshot(target)
+        if snap is not None and name in snap[request["target"]["$handle"]]:
+            return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
+        return {"ok": self.out(getattr(target, name))}
 
     def preloaded(self, reply: dict[str, Any], roots: list[Any], limit: int) -> dict[str, Any]:
         """``reply`` with its value encoded and, under ``attrs``, the plain attributes of ``roots`` (a

@@ -254,6 +254,8 @@ def _what(line: dict[str, Any]) -> str:
         return f"step {line['seg'][0] if isinstance(line['seg'], list) and line['seg'] else line['seg']!r}"
     if "rec" in line:
         return f"request {line['rec'][0]!r:.200}" if isinstance(line["rec"], list) and line["rec"] else "a request"
+    if "g" in line:
+        return f"a read of {line['g'][1]!r:.200}" if isinstance(line["g"], list) and len(line["g"]) == 3 else "a read"
     if "raised" in line:
         raised = line["raised"]
         return f"an error: {raised.get('type')}: {raised.get('message')}" if isinstance(raised, dict) else "an error"

@@ -127,13 +127,13 @@ class SearchChannel(RecordChannel):
             line = self._line()
             if "ex" in line:
                 last = [line]
-            elif ("seg" in line or "rec" in line) and last is not None:
+            elif _of_example(line) and last is not None:
                 last.append(line)
             else:
                 break
         self.running = False
         outcome = line.get("ok")
-        if not isinstance(outcome, dict) or ("seg" in line or "rec" in line):
+        if not isinstance(outcome, dict) or _of_example(line):
             raise self._diverged(f"the child's search ended with {_what(line)}")
         return last if outcome.get("failed") else None
 
@@ -170,10 +170,16 @@ class SearchChannel(RecordChannel):
         if generation is not None and generation != self.example:
             raise SandboxFailure("died", f"the {self.label}'s objects are gone: their example has ended")
         line = self._line()
-        record = line.get("rec")
-        if not isinstance(record, list) or len(record) != 2 or record[0] != message:
+        if message["op"] == "getattr":  # the most requests by far, written short: [handle, name, reply]
+            record = line.get("g")
+            same = (isinstance(record, list) and len(record) == 3 and record[0] == message["target"]["$handle"]
+                    and record[1] == message["name"])
+        else:
+            record = line.get("rec")
+            same = isinstance(record, list) and len(record) == 2 and record[0] == message
+        if not same:
             raise self._diverged(f"the child made {_what(line)} where the grader makes {message!r:.200}")
-        reply = record[1] if isinstance(record[1], dict) else {}
+        reply = record[-1] if isinstance(record[-1], dict) else {}
         if "exited" in reply:  # the live channel restarts the child here; the child's search went on
             raise self._stopped(f"the {self.label} called sys.exit")
         self.remember(message, reply)
@@ -269,6 +275,11 @@ def _judge_again(machine: type[RuleBasedStateMachine], channel: SearchChannel,
     finally:
         channel.ahead.clear()
     return None
+
+
+def _of_example(line: dict[str, Any]) -> bool:
+    """Whether ``line`` is a step or a request of an example (not a search's final reply)."""
+    return "seg" in line or "g" in line or "rec" in line
 
 
 def _plain(obj: Any) -> Any:
