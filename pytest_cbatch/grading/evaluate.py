@@ -277,9 +277,9 @@ def _absent(parts: list[str], namespace: Any) -> str:
 def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:
     """{clause: (status, message)} for one lifecycle part: ``lifecycle_verdicts`` under the grading settings.
 
-    A sandboxed submission's steps are mirrored by its child (``sandbox.mirror``): one exchange per step
-    instead of one per request; should the child's record ever differ, the part is judged again one
-    request at a time, and the notes say so.
+    A sandboxed submission's child runs each search ahead (``sandbox.search``), streaming its requests
+    and answers while the grader judges the same search; should the child's record ever differ, the
+    part is judged again with mirrored steps or one request at a time, and the notes say so.
     """
     from hypothesis import HealthCheck
     from hypothesis import settings as Settings

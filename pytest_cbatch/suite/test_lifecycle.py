@@ -28,7 +28,7 @@ def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) 
     reason = missing_parts(namespace).get(part)
     if reason is not None:
         pytest.skip(f"lifecycle {part}: {reason}")
-    # Under --cbatch-isolate the sandbox child runs each step first (pytest_cbatch.sandbox.mirror).
+    # Under --cbatch-isolate the sandbox child runs each search first (pytest_cbatch.sandbox.search).
     verdicts, note = lifecycle_verdicts_of(cbatch_impl, part, bounds=cbatch_impl.bounds)
     if note:
         warnings.warn(note, stacklevel=1)
