@@ -194,7 +194,7 @@ class Server:
         else:
             target = self.obj(request["target"])
         if op == "getattr":  # the most requests by far: no arguments to decode
-            return self.read(target, request, preload)
+            return self.read(target, request["name"], request["target"]["$handle"], preload)
         args = self.into(request.get("args", []))
         kwargs = self.into({"$dict": request.get("kwargs", [])})
         if op in ("new", "call"):
@@ -208,16 +208,15 @@ class Server:
             return {"ok": self.out(value)} if preload is None else self.preloaded({"ok": value}, [target], preload)
         raise ValueError(f"unknown op {op!r}")
 
-    def read(self, target: Any, request: dict[str, Any], preload: int | None) -> dict[str, Any]:
-        """The reply to a ``getattr`` request (see ``dispatch``)."""
-        name = request["name"]
+    def read(self, target: Any, name: str, handle: int, preload: int | None) -> dict[str, Any]:
+        """The reply to a ``getattr`` of ``name`` on ``target`` (object ``handle``; see ``dispatch``)."""
         if _is_method(type(target), name) and name not in getattr(target, "__dict__", {}):
             return {"ok": None, "method": True}
         if preload is not None:  # a mirrored step: say whether reading it again runs no code
             return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [], preload)
         snap = self.snapshot(target)
-        if snap is not None and name in snap[request["target"]["$handle"]]:
-            return {"ok": snap[request["target"]["$handle"]][name], "snap": snap}
+        if snap is not None and name in snap[handle]:
+            return {"ok": snap[handle][name], "snap": snap}
         return {"ok": self.out(getattr(target, name))}
 
     def preloaded(self, reply: dict[str, Any], roots: list[Any], limit: int) -> dict[str, Any]:
@@ -360,6 +359,11 @@ def _shadowed(cls: type, name: str) -> bool:
     return hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")
 
 
+def exited(exc: SystemExit) -> dict[str, Any]:
+    """The reply that says the submission raised SystemExit."""
+    return {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
+
+
 def raised(exc: BaseException) -> dict[str, Any]:
     base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
     message = str(exc)
@@ -464,7 +468,7 @@ def main(argv: list[str]) -> int:
         try:
             reply = server.dispatch(json.loads(line))
         except SystemExit as exc:
-            reply = {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
+            reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
             reply = raised(exc)
         send(reply)

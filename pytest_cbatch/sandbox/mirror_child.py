@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .child import MIRROR_PRELOAD, Server, _plain_read, encode, raised
+from .child import MIRROR_PRELOAD, Server, _plain_read, decode, encode, exited, raised
 from .remote import RecordChannel, RemoteNamespace
 
 __all__ = ["MirrorSession"]
@@ -67,13 +67,33 @@ class RecordingChannel(RecordChannel):
             self.send_all([{"batch": lines}])
         self.since = time.monotonic()
 
+    def read(self, obj: Any, name: str) -> Any:
+        """While streaming, a read as ``exchange`` would answer it, without building the request."""
+        if not self.streaming:
+            return super().read(obj, name)
+        handle = obj._handle
+        found = self.reads.get((handle, name))
+        if found is not None:
+            return found[1] if found[0] else decode(found[1], self.proxy)
+        target = self.server.objects.get(handle)
+        try:
+            if target is None:
+                raise LookupError(f"no remote object #{handle} (released, or from before a restart)")
+            reply = self.server.read(target, name, handle, self.preload)
+        except SystemExit as exc:
+            reply = exited(exc)
+        except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
+            reply = raised(exc)
+        self.write({"g": [handle, name, reply]})
+        return self.read_answer(obj, name, reply)
+
     def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
         if not self.streaming and not self._reads_only(message):
             self.flush()
         try:
             reply = self.server.dispatch(message, self.preload)
         except SystemExit as exc:
-            reply = {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
+            reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
             reply = raised(exc)
         self.remember(message, reply)

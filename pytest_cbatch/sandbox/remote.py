@@ -71,16 +71,32 @@ class Channel:
     def released(self, handle: int) -> None:
         """The last proxy of object ``handle`` is gone."""
 
+    def read(self, obj: RemoteObject, name: str) -> Any:
+        """``obj.name`` for a name that is not a known method: one ``getattr`` request unless the answer is
+        known without one.  A channel may answer it faster, as long as it makes the same requests."""
+        hit, value = self.cached(obj._handle, obj._generation, name)
+        if hit:
+            return value
+        reply = self.ask({"op": "getattr", "target": {"$handle": obj._handle}, "name": name}, obj._generation)
+        if reply.get("method"):
+            self.methods.add((obj._type, name))
+            return _RemoteMethod(obj, name)
+        return self.value(reply)
+
     def ask(self, message: dict[str, Any], generation: int | None = None) -> dict[str, Any]:
         """Exchange ``message``; raise what the reply says went wrong, else return it."""
         reply = self.exchange(message, generation)
+        if "ok" not in reply:
+            self.ask_failed(reply)
+        return reply
+
+    def ask_failed(self, reply: dict[str, Any]) -> None:
+        """Raise what a reply without a value says went wrong."""
         if "raised" in reply:
             raise remote_error(reply["raised"])
         if "exited" in reply:
             raise SandboxFailure("died", f"the {self.label} called sys.exit({reply['exited']!r})")
-        if "ok" not in reply:
-            raise SandboxFailure("garbage", f"unexpected reply from the {self.label}: {reply!r:.200}")
-        return reply
+        raise SandboxFailure("garbage", f"unexpected reply from the {self.label}: {reply!r:.200}")
 
     def value(self, reply: dict[str, Any]) -> Any:
         """The reply's value: as it came when marked ``raw`` (plain JSON, see ``child.native``), else decoded."""
@@ -123,10 +139,31 @@ class RecordChannel(Channel):
     def remember(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
         """Forget every answer once a request of another kind than a plain read is made; then keep a plain
         read's answer and the plain attributes the reply brought along (``child.Server.preloaded``)."""
-        if message["op"] == "getattr" and reply.get("plain") and "ok" in reply:
-            self.reads[(message["target"]["$handle"], message["name"])] = (bool(reply.get("raw")), reply["ok"])
-        elif message["op"] != "getattr" or not reply.get("method"):
+        if message["op"] == "getattr":
+            self._remember_read(message["target"]["$handle"], message["name"], reply)
+        else:
             self.reads.clear()
+            self._remember_attrs(reply)
+
+    def _remember_read(self, handle: int, name: str, reply: dict[str, Any]) -> None:
+        if reply.get("plain") and "ok" in reply:
+            self.reads[(handle, name)] = (bool(reply.get("raw")), reply["ok"])
+        elif not reply.get("method"):
+            self.reads.clear()
+        self._remember_attrs(reply)
+
+    def read_answer(self, obj: RemoteObject, name: str, reply: dict[str, Any]) -> Any:
+        """What ``read`` makes of the reply to ``obj``'s ``getattr`` of ``name``, remembered as ``remember``
+        does: for the channels that answer reads without building each request."""
+        self._remember_read(obj._handle, name, reply)
+        if "ok" not in reply:
+            self.ask_failed(reply)
+        if reply.get("method"):
+            self.methods.add((obj._type, name))
+            return _RemoteMethod(obj, name)
+        return reply["ok"] if reply.get("raw") else decode(reply["ok"], self.proxy)
+
+    def _remember_attrs(self, reply: dict[str, Any]) -> None:
         for handle, attrs in reply.get("attrs", {}).items():
             for name, value in attrs.items():
                 self.reads[(int(handle), name)] = (False, value)
@@ -167,14 +204,7 @@ class RemoteObject:
         channel = self._channel
         if (self._type, name) in channel.methods:
             return _RemoteMethod(self, name)
-        hit, value = channel.cached(self._handle, self._generation, name)
-        if hit:
-            return value
-        reply = channel.ask({"op": "getattr", "target": {"$handle": self._handle}, "name": name}, self._generation)
-        if reply.get("method"):
-            channel.methods.add((self._type, name))
-            return _RemoteMethod(self, name)
-        return channel.value(reply)
+        return channel.read(self, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"remote {self._type} objects are read-only from the grader's side")
