@@ -31,13 +31,10 @@ def part_of(name: str) -> str:
     return next(part for part in PARTS if clause in PART_CLAUSES[part])
 
 
-def broken_cases(config: pytest.Config) -> list[str]:
-    return sorted(BROKEN) if config.getoption("--run-slow") else list(QUICK)
-
-
-def parametrize_broken(metafunc: pytest.Metafunc) -> None:
+def parametrize_broken(metafunc: pytest.Metafunc, quick: tuple[str, ...] = QUICK) -> None:
+    """``broken``: the names of ``quick`` (every broken implementation with --run-slow)."""
     if "broken" in metafunc.fixturenames:
-        metafunc.parametrize("broken", broken_cases(metafunc.config))
+        metafunc.parametrize("broken", sorted(BROKEN) if metafunc.config.getoption("--run-slow") else list(quick))
 
 
 HANGS = '''

@@ -12,9 +12,12 @@ from hypothesis import settings as Settings
 from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
 from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of, mirrored
 from pytest_cbatch.sandbox.mirror import ReplayChannel
-from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
-    BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken as pytest_generate_tests, part_of,
-)
+from sandbox_cases import BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken, part_of
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # Mirrored steps judge a part only when the child's search stops early: one bug by default.
+    parametrize_broken(metafunc, QUICK[:1])
 
 
 def mirrored_verdicts(impl: IsolatedImplementation, part: str, settings: Settings = SETTINGS, **options: Any) -> dict:
@@ -95,7 +98,7 @@ def test_steps_are_mirrored_inside_bubblewrap() -> None:
     assert {v.status for v in verdicts.values()} == {"pass"}
 
 
-def test_pytest_cbatch_isolate_mirrors_the_lifecycle_suite(pytester: pytest.Pytester) -> None:
+def test_pytest_cbatch_isolate_judges_the_lifecycle_suite_from_the_sandbox(pytester: pytest.Pytester) -> None:
     pytester.makeconftest("""
         from hypothesis import Phase, settings
         settings.register_profile("tiny", max_examples=10, derandomize=True, database=None, deadline=None,

@@ -110,7 +110,7 @@ def test_a_search_with_a_random_seed_is_the_same_on_both_sides(ways: Ways) -> No
 
 def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
     (tmp_path / "hangs.py").write_text(HANGS)
-    impl = isolated(str(tmp_path / "hangs.py"), call_seconds=1)
+    impl = isolated(str(tmp_path / "hangs.py"), call_seconds=2)
     try:  # the first failing clause is enough: every later search would wait for the hang again
         verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
     finally:
@@ -118,7 +118,7 @@ def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path,
     # Mirrored steps judge a hang as the live channel does (test_sandbox_mirror); here the search hands over.
     assert note == "" and ways.searches == 1 and ways.steps > 0
     failed = [v.message for v in verdicts.values() if v.status == "fail"]
-    assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 1 s" in failed[0], failed
+    assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
 
 
 EXITS = '''
