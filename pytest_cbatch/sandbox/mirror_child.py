@@ -27,7 +27,8 @@ __all__ = ["MirrorSession"]
 SendAll = Callable[[list[dict[str, Any]]], None]
 STREAM_LINES = 256
 STREAM_SECONDS = 0.01
-"""While a search streams, queued lines are sent once there are STREAM_LINES or the oldest waited STREAM_SECONDS."""
+"""While a search streams, queued lines are sent once there are STREAM_LINES of them, or once STREAM_SECONDS have
+passed since lines were last sent."""
 
 
 class RecordingChannel(RecordChannel):

@@ -15,15 +15,14 @@ processes work at once, and every verdict is still computed here.
 Both searches are the same code, seed and settings seeing the same answers,
 and neither draws constants from the modules its process has loaded
 (``lifecycle.steady_draws``), so they draw the same examples, up to the
-first failing one.  There they
-part: shrinking is capped in seconds, so the two would shrink differently.
-The grader therefore does not shrink: its Hypothesis runs its first failing
-example again (answered from that example's lines) and reports it.  Then the
-grader reads on to the end of the child's search, which shrank the failure,
-and judges the child's last example (the shrunk one Hypothesis ran again)
-from its lines.
-The violation found there is the verdict, with its replay; should that
-example not fail here, the grader's own first violation is.
+first failing one.  There they part: shrinking is capped in seconds, so the
+two would shrink differently.  The grader therefore does not shrink: its
+Hypothesis runs its first failing example again (answered from that
+example's lines) and reports it.  Then the grader reads on to the end of the
+child's search, which shrank the failure, and judges the child's last
+example (the shrunk one Hypothesis ran again) from its lines.  The violation
+found there is the verdict, with its replay; should that example not fail
+here, the grader's own first violation is.
 
 When the lines differ from the grader's run (``mirror.MirrorDiverged``), or
 the child dies, times out or exits during a search (``SearchStopped``: the
