@@ -112,11 +112,12 @@ def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path,
     (tmp_path / "hangs.py").write_text(HANGS)
     impl = isolated(str(tmp_path / "hangs.py"), call_seconds=2)
     try:  # the first failing clause is enough: every later search would wait for the hang again
+        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
+        impl.close()
         verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
     finally:
         impl.close()
-    # Mirrored steps judge a hang as the live channel does (test_sandbox_mirror); here the search hands over.
-    assert note == "" and ways.searches == 1 and ways.steps > 0
+    assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
     failed = [v.message for v in verdicts.values() if v.status == "fail"]
     assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
 
