@@ -108,16 +108,23 @@ def test_a_search_with_a_random_seed_is_the_same_on_both_sides(ways: Ways) -> No
     assert {v.status for v in verdicts.values()} == {"pass"}
 
 
-def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
-    (tmp_path / "hangs.py").write_text(HANGS)
-    impl = isolated(str(tmp_path / "hangs.py"), call_seconds=2)
-    try:  # the first failing clause is enough: every later search would wait for the hang again
+def handed_over(path: Path, source: str, ways: Ways, **limits: Any) -> dict:
+    """The allocator verdicts of the submission ``source`` (written to ``path``), checked to equal the live
+    ones and to come from mirrored steps after the child's search stopped."""
+    path.write_text(source)
+    impl = isolated(str(path), **limits)
+    try:  # the first failing clause is enough: every later search would meet the same end
         live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
         impl.close()
         verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
     finally:
         impl.close()
     assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
+    return verdicts
+
+
+def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
+    verdicts = handed_over(tmp_path / "hangs.py", HANGS, ways, call_seconds=2)
     failed = [v.message for v in verdicts.values() if v.status == "fail"]
     assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
 
@@ -135,15 +142,7 @@ class PagedKV(_PagedKV):
 
 
 def test_a_search_whose_submission_exits_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
-    (tmp_path / "exits.py").write_text(EXITS)
-    impl = isolated(str(tmp_path / "exits.py"))
-    try:
-        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
-        impl.close()
-        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
-    finally:
-        impl.close()
-    assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
+    verdicts = handed_over(tmp_path / "exits.py", EXITS, ways)
     assert any("sys.exit(3)" in v.message for v in verdicts.values() if v.status == "fail"), verdicts
 
 

@@ -222,23 +222,21 @@ class Server:
     def preloaded(self, reply: dict[str, Any], roots: list[Any], limit: int) -> dict[str, Any]:
         """``reply`` with its value encoded and, under ``attrs``, the plain attributes of ``roots`` (a
         call's target) and of the objects the value names, up to ``limit`` objects (a mirrored step's
-        reply: see ``mirror``).  A value that is JSON as it stands (``native``) goes as it is, marked
-        ``raw``, and needs no decoding (``native_copy``)."""
+        reply: see ``mirror``).  A value that is JSON as it stands goes as a copy (``native_copy``),
+        marked ``raw``: it needs no decoding, and names no objects."""
+        named: list[Any] = []
         plain, copy = native_copy(reply["ok"])
         if plain:
             reply["ok"], reply["raw"] = copy, True
-            return reply
-        if not limit:
+        elif not limit:
             reply["ok"] = self.out(reply["ok"])
-            return reply
-        named: list[Any] = []
+        else:
+            def handle(obj: Any) -> dict[str, Any]:
+                named.append(obj)
+                return self.handle(obj)
 
-        def handle(obj: Any) -> dict[str, Any]:
-            named.append(obj)
-            return self.handle(obj)
-
-        reply["ok"] = encode(reply["ok"], handle)
-        attrs = self.attributes([*roots, *named], limit, depth=0)
+            reply["ok"] = encode(reply["ok"], handle)
+        attrs = self.attributes([*roots, *named], limit, depth=0) if limit and (roots or named) else {}
         if attrs:
             reply["attrs"] = attrs
         return reply
