@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
+
+# Tests that share a module-scoped fixture run on one xdist worker.
+from xdist_groups import pytest_collection_modifyitems, pytest_configure, pytest_configure_node  # noqa: F401
 
 BRIEF_PROFILE = """
 from hypothesis import settings
@@ -62,32 +65,3 @@ def _subprocess_caches(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
         patch.setenv("HYPOTHESIS_STORAGE_DIRECTORY", str(root / "hypothesis"))
         yield
 
-
-# -- xdist: tests that share a module-scoped fixture run on one worker ---------------------------------
-# Under ``-n 2`` xdist's ``load`` distribution may send a module's tests to both workers, and each then
-# builds the module's fixtures (a graded batch of samples, a kill matrix: tens of seconds) again.  The
-# kit's own runs use ``loadgroup`` instead: every test that uses a module-scoped fixture joins its
-# module's group, which one worker runs; all other tests are still spread one by one, as with ``load``.
-
-def pytest_configure(config: pytest.Config) -> None:
-    workerinput = getattr(config, "workerinput", None)
-    if workerinput is not None:  # an xdist worker: it names each test's group in its id, as --dist loadgroup does
-        config.option.loadgroup = bool(workerinput.get("cbatch_loadgroup"))
-    elif config.getoption("dist", "no") == "load":  # what ``-n N`` alone means, by then
-        config.option.dist = "loadgroup"
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node: Any) -> None:
-    node.workerinput["cbatch_loadgroup"] = node.config.getoption("dist") == "loadgroup"
-
-
-@pytest.hookimpl(tryfirst=True)  # before the worker reads the marks
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not getattr(config.option, "loadgroup", False):
-        return
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        chains = info.name2fixturedefs.values() if info is not None else ()
-        if any(chain and chain[-1].scope == "module" for chain in chains):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

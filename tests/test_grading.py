@@ -38,6 +38,9 @@ EXPECTED_FAILURES = {
     "prints_50mb": set(CONTRACT),
 }
 HIDDEN_NAME = "crowded_cancels"
+# The example rubric with a 5 s call limit instead of 15 s: an honest call takes well under a second
+# even loaded, and the submission that loops forever costs max_failures (2) timeouts of a spinning core.
+CALL_SECONDS = 5
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +50,13 @@ def graded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, float,
     make_samples(samples)
     pristine = root / "pristine"
     make_samples(pristine)
+    rubric = root / "rubric.toml"
+    text = RUBRIC.read_text(encoding="utf-8")
+    assert "call_seconds = 15 " in text
+    rubric.write_text(text.replace("call_seconds = 15 ", f"call_seconds = {CALL_SECONDS} "), encoding="utf-8")
     start = time.monotonic()
-    code = grade_main([str(samples), "--out", str(root / "out"), "--rubric", str(RUBRIC), "--jobs", "2", "--quiet"])
+    code = grade_main([str(samples), "--out", str(root / "out"), "--rubric", str(rubric),
+                       "--traces", str(EXAMPLE_DIR / "hidden"), "--jobs", "2", "--quiet"])
     return samples, root / "out", time.monotonic() - start, code
 
 
@@ -85,7 +93,7 @@ def test_every_results_json_validates_and_states_the_seed(graded) -> None:
 
 def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
     _samples, out, _seconds, _code = graded
-    words = {"loops_forever": "did not answer within 15 s", "calls_os_exit": "exited with status 3",
+    words = {"loops_forever": f"did not answer within {CALL_SECONDS} s", "calls_os_exit": "exited with status 3",
              "prints_50mb": "printed more than 256 KiB"}
     for name, text in words.items():
         completes = next(t for t in results(out, name)["tests"] if t["name"] == "contract.completes")
@@ -93,7 +101,7 @@ def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
         lifecycle = [t for t in results(out, name)["tests"] if t["name"].startswith("lifecycle.")]
         assert all(t["score"] == t["max_score"] for t in lifecycle), name
     refusal = next(t for t in results(out, "loops_forever")["tests"] if t["name"] == "contract.invalid_input_refused")
-    assert "did not answer within 15 s" in refusal["output"] and "not JSON" not in refusal["output"], refusal["output"]
+    assert f"did not answer within {CALL_SECONDS} s" in refusal["output"] and "not JSON" not in refusal["output"], refusal["output"]
 
 
 def test_a_failure_explains_itself_and_replays_from_the_students_folder(graded) -> None:
