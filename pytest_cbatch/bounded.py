@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Iterable, TypeVar
 
-__all__ = ["Bounds", "CallStopped", "DEFAULT_MEMORY_MIB", "DEFAULT_SECONDS", "bounded_machine", "call",
+__all__ = ["Bounds", "CallStopped", "CallTimedOut", "DEFAULT_MEMORY_MIB", "DEFAULT_SECONDS", "bounded_machine", "call",
            "configure_last_resort", "crash_traceback", "implementation_frames", "last_stop", "span"]
 
 DEFAULT_SECONDS = 60.0
@@ -129,6 +129,15 @@ class CallStopped(BaseException):
 
     def __str__(self) -> str:
         return self.message or "the call was stopped"
+
+
+class CallTimedOut(Exception):
+    """A call that another process stopped at its time limit (a sandbox child that did not answer).
+
+    The call is over by the time this is raised, so it is an ordinary exception, not a ``CallStopped``; it
+    is judged as one is: a lifecycle example that meets it ends its part's search there, unshrunk and
+    not run again (``lifecycle.StoppedViolation``), since every try would wait out the limit again.
+    """
 
 
 class _Scope:

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, Phase
 from hypothesis import settings as Settings
 
-from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
+from pytest_cbatch.lifecycle import MAX_FAILURES, PARTS, lifecycle_verdicts
 from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of
 from pytest_cbatch.sandbox import search as searching
 from pytest_cbatch.sandbox.child import native_copy
 from pytest_cbatch.sandbox.mirror import ReplayChannel
+from pytest_cbatch.sandbox.process import SandboxTimeout
 from pytest_cbatch.sandbox.search import SearchChannel, run_search, searched
 from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
     BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken as pytest_generate_tests, part_of,
@@ -34,11 +35,12 @@ def searched_verdicts(impl: IsolatedImplementation, part: str, settings: Setting
 
 
 class Ways:
-    """Counts, during a test, the searches the child began and the mirrored steps the grader asked for."""
+    """Counts, during a test, the searches the child began, the mirrored steps the grader asked for and the
+    calls that timed out."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.searches = self.steps = 0
-        start, step = SearchChannel.start, ReplayChannel.step
+        self.searches = self.steps = self.timeouts = self.live_timeouts = 0
+        start, step, timeout = SearchChannel.start, ReplayChannel.step, SandboxTimeout.__init__
 
         def counted_start(channel: SearchChannel, *args: Any) -> None:
             self.searches += 1
@@ -48,7 +50,12 @@ class Ways:
             self.steps += 1
             step(channel, *args)
 
+        def counted_timeout(failure: SandboxTimeout, *args: Any) -> None:
+            self.timeouts += 1
+            timeout(failure, *args)
+
         monkeypatch.setattr(SearchChannel, "start", counted_start)
+        monkeypatch.setattr(SandboxTimeout, "__init__", counted_timeout)
         monkeypatch.setattr(ReplayChannel, "step", counted_step)
 
 
@@ -108,15 +115,16 @@ def test_a_search_with_a_random_seed_is_the_same_on_both_sides(ways: Ways) -> No
     assert {v.status for v in verdicts.values()} == {"pass"}
 
 
-def handed_over(path: Path, source: str, ways: Ways, **limits: Any) -> dict:
+def handed_over(path: Path, source: str, ways: Ways, max_failures: int = 1, **limits: Any) -> dict:
     """The allocator verdicts of the submission ``source`` (written to ``path``), checked to equal the live
     ones and to come from mirrored steps after the child's search stopped."""
     path.write_text(source)
     impl = isolated(str(path), **limits)
-    try:  # the first failing clause is enough: every later search would meet the same end
-        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=1)
+    try:  # the first failing clause is enough (by default): every later search would meet the same end
+        live = lifecycle_verdicts("allocator", impl.namespace, SETTINGS, max_failures=max_failures)
+        ways.live_timeouts, ways.timeouts = ways.timeouts, 0
         impl.close()
-        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=1)
+        verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS, max_failures=max_failures)
     finally:
         impl.close()
     assert note == "" and verdicts == live and ways.searches == 1 and ways.steps > 0
@@ -124,9 +132,17 @@ def handed_over(path: Path, source: str, ways: Ways, **limits: Any) -> dict:
 
 
 def test_a_search_that_hangs_is_judged_again_with_mirrored_steps(tmp_path: Path, ways: Ways) -> None:
-    verdicts = handed_over(tmp_path / "hangs.py", HANGS, ways, call_seconds=2)
-    failed = [v.message for v in verdicts.values() if v.status == "fail"]
-    assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
+    # A call that hangs ends the part: its clause fails, unshrunk and not run again, the rest are not judged.
+    verdicts = handed_over(tmp_path / "hangs.py", HANGS, ways, max_failures=MAX_FAILURES, call_seconds=2)
+    failed = [(cid, v.message) for cid, v in verdicts.items() if v.status == "fail"]
+    assert len(failed) == 1, failed
+    clause, message = failed[0]
+    assert "pool.fork(" in message and "did not return: the submission did not answer within 2 s" in message
+    assert message.rstrip().splitlines()[-1].strip().startswith("pool.fork(")  # the replay ends at the hung call
+    stopped = f"not judged: the allocator part stopped at a call that did not return in time ({clause})"
+    assert {v.message for v in verdicts.values() if v.status != "fail"} == {stopped}
+    assert ways.live_timeouts == 1  # over the live channel: one wait, no shrinking, no final run
+    assert ways.timeouts == 2       # the child's search, then the mirrored steps: one wait each
 
 
 EXITS = '''

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 __all__ = ["ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "PARTS", "PART_CLAUSES", "LifecycleClause",
-           "LifecycleViolation"]
+           "LifecycleViolation", "StoppedViolation"]
 
 ABORT_REASONS = ("cancel", "timeout", "producer_failure", "consumer_failure")
 
@@ -367,3 +367,13 @@ class LifecycleViolation(AssertionError):
         self.clause = clause
         self.detail = message
         self.replay = replay
+
+
+class StoppedViolation(BaseException):
+    """A call of a lifecycle example did not return in time (``bounded.CallTimedOut``): ``violation`` names
+    the clause whose step it was and the operations up to that call.  A ``BaseException``, so Hypothesis
+    neither shrinks the example nor runs it again: the search, and the part, end there."""
+
+    def __init__(self, violation: LifecycleViolation) -> None:
+        super().__init__(str(violation))
+        self.violation = violation

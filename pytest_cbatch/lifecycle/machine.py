@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant
 
-from ..bounded import implementation_frames
+from ..bounded import CallTimedOut, implementation_frames
 from ..explain import stack_lines
-from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation
+from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation, StoppedViolation
 from .oracle import PoolOracle
 
 __all__ = ["ANY", "PICK", "LifecycleMachine", "bind", "choose", "final_run", "import_lines", "judged", "surface_names"]
@@ -195,6 +195,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.shortest.note(len(self.script))
         raise LifecycleViolation(clause, message, "\n".join([*self.script, *replay]))
 
+    def stop_if_timed_out(self, clause: str, code: str, exc: Exception) -> None:
+        """End the search if ``exc`` says the call ``code`` did not return in time (``StoppedViolation``)."""
+        if isinstance(exc, CallTimedOut):
+            self.failed = True
+            raise StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}",
+                                                      "\n".join([*self.script, code])))
+
     def record(self, line: str) -> None:
         self.script.append(line)
 
@@ -205,6 +212,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         try:
             return fn()
         except Exception as exc:
+            self.stop_if_timed_out(clause, expr, exc)
             self.fail(clause, f"{expr} raised {type(exc).__name__}: {exc}", expr)
 
     def reading(self, clause: str, *names: str) -> None:
@@ -218,6 +226,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         try:
             result = fn(*args)
         except Exception as exc:
+            self.stop_if_timed_out(clause, code, exc)
             self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}{why and f' ({why})'}{_crash(exc)}", code)
         self.record(f"_ = {code}" if capture else code)
         return result
@@ -232,6 +241,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.record(f"with suppress({_exception_name(type(exc))}): {code}")
             return exc
         except Exception as exc:
+            self.stop_if_timed_out(clause, code, exc)
             allowed = _names(expected) + (" or return" if returns is ANY else
                                           "".join(f" or return {value!r}" for value in returns))
             self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}"

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
 from ..bounded import Bounds, bounded_machine
 from .allocator import allocator_machine
-from .clauses import PART_CLAUSES, PARTS, LifecycleViolation
+from .clauses import PART_CLAUSES, PARTS, LifecycleViolation, StoppedViolation
 from .recompute import recompute_machine
 from .transfer import transfer_machine
 
@@ -157,7 +157,9 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     Each search runs the profile's examples twice: first with runs of
     SHORT_STEPS operations, then (if those find nothing) at full length, so a
     passing part keeps every long run and gains the short ones.  Each failing
-    clause's example is shrunk for at most SHRINK_SECONDS.
+    clause's example is shrunk for at most SHRINK_SECONDS.  A call that does not return in time
+    (``bounded.CallTimedOut``: a sandbox child that did not answer) fails the clause of its step,
+    unshrunk, and ends the part: the clauses not yet judged are ``skip``.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
     raises ``bounded.CallStopped`` at once, without shrinking.  ``wrap``, when given, turns each
     machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``), and
@@ -175,6 +177,12 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     while len(verdicts) < max_failures:
         try:
             violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds, wrap, search)
+        except StoppedViolation as stop:
+            clause = stop.violation.clause
+            verdicts.setdefault(clause, Verdict("fail", str(stop.violation)))
+            rest = Verdict("skip", f"not judged: the {part} part stopped at a call that did not return in time "
+                                   f"({clause})")
+            return {cid: verdicts.get(cid, rest) for cid in clauses}
         except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..bounded import CallTimedOut
 from .bwrap import Confinement, confine, resolve_mode
 from .limits import Limits, child_environment
 
@@ -68,6 +69,10 @@ class SandboxFailure(Exception):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class SandboxTimeout(SandboxFailure, CallTimedOut):
+    """A call past its wall-clock limit (kind ``timeout``): the child was killed, the call is over."""
 
 
 @dataclass(frozen=True)
@@ -314,7 +319,7 @@ class Sandbox:
                     return self._ready.popleft()
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise SandboxFailure("timeout", f"the {self.label} did not answer within "
+                    raise SandboxTimeout("timeout", f"the {self.label} did not answer within "
                                                     f"{self.limits.call_seconds:g} s "
                                                     f"({self.limits.term('call_seconds')})"
                                          + self._output.tail_note())
