@@ -442,7 +442,8 @@ def bounded_machine(cls: type[_T], bounds: Bounds) -> type[_T]:
     """A subclass of the Hypothesis state machine ``cls`` whose every example (one instance, from its
     creation to its teardown) runs in a ``span(bounds)``.  A stopped example skips ``cls.teardown``
     (it would call into the stuck implementation again) and leaves the instance's ``script``, when it has
-    one, on the CallStopped."""
+    one, on the CallStopped, and the CallStopped on the class's ``stops`` list, when it has one (should
+    Hypothesis report an error of its own for the example the stop cut short)."""
 
     class Bounded(cls):  # type: ignore[valid-type, misc]
         def __init__(self) -> None:
@@ -459,6 +460,7 @@ def bounded_machine(cls: type[_T], bounds: Bounds) -> type[_T]:
                 stopped = self._cbatch_span.close()
                 if stopped is not None:
                     stopped.script = "\n".join(getattr(self, "script", ()))
+                    getattr(self, "stops", []).append(stopped)
 
     Bounded.__name__ = Bounded.__qualname__ = cls.__name__
     Bounded.__doc__ = cls.__doc__

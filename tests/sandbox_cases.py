@@ -46,3 +46,10 @@ class PagedKV(_PagedKV):
         while True:
             pass
 '''
+
+TAMPERS = '''
+from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
+import pytest_cbatch.lifecycle.machine as _machine
+
+_machine.LifecycleMachine.check_views = lambda self, context: None  # the child's copy of the checks reads nothing
+'''

@@ -14,6 +14,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -21,6 +22,7 @@ from pytest_cbatch import bounded, cli
 from pytest_cbatch.bounded import Bounds, CallStopped
 from pytest_cbatch.impls import resolve_impl
 from pytest_cbatch.plugin import suite_dir
+from pytest_cbatch.reference.scheduler_faults import PagedKV as ReferencePagedKV
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate
 from pytest_cbatch.workloads import BASE_CONFIG
 
@@ -263,6 +265,36 @@ def test_a_lifecycle_method_that_hangs_fails_its_part_without_shrinking(pytester
                   "in append", "pool = PagedKV(", "rerun: pytest"):
         assert words in text, (words, text)
     assert (pytester.path / "spins.txt").read_text().splitlines() == ["spin"]
+
+
+class _SpinningFork(ReferencePagedKV):
+    def fork(self, source, target):
+        while True:
+            pass
+
+
+def test_a_stop_that_hypothesis_reports_as_flaky_is_still_a_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Hypothesis reports a FlakyStrategyDefinition of its own when an example ends on a BaseException
+    # before drawing as far as an earlier example with the same first draws; the stop must still surface.
+    from hypothesis import settings as Settings
+    from hypothesis.errors import FlakyStrategyDefinition
+    from hypothesis.stateful import run_state_machine_as_test
+
+    from pytest_cbatch.lifecycle import lifecycle_verdicts
+    from pytest_cbatch.lifecycle import verdicts as verdicts_module
+
+    def reported_as_flaky(machine, settings):
+        try:
+            run_state_machine_as_test(machine, settings=settings)
+        except CallStopped as stop:
+            raise FlakyStrategyDefinition("Inconsistent data generation!") from stop
+
+    monkeypatch.setattr(verdicts_module, "run_state_machine_as_test", reported_as_flaky)
+    namespace = SimpleNamespace(PagedKV=_SpinningFork)
+    settings = Settings(max_examples=6, derandomize=True, database=None, deadline=None)
+    with pytest.raises(CallStopped) as stopped:
+        lifecycle_verdicts("allocator", namespace, settings, bounds=Bounds(seconds=1))
+    assert "pool.fork(" not in stopped.value.script and "pool = PagedKV(" in stopped.value.script
 
 
 # -- exec: the whole process session goes --------------------------------------------------------------

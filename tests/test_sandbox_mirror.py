@@ -12,7 +12,9 @@ from hypothesis import settings as Settings
 from pytest_cbatch.lifecycle import PARTS, lifecycle_verdicts
 from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of, mirrored
 from pytest_cbatch.sandbox.mirror import ReplayChannel
-from sandbox_cases import BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, isolated, parametrize_broken, part_of
+from sandbox_cases import (
+    BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, TAMPERS, isolated, parametrize_broken, part_of,
+)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -24,7 +26,7 @@ def mirrored_verdicts(impl: IsolatedImplementation, part: str, settings: Setting
     channel = impl.lifecycle_channel(ReplayChannel)
     verdicts = lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
                                   **options)
-    assert channel.exchanges > 0 and not channel.diverged
+    assert channel.exchanges > 0 and channel.divergence is None
     return verdicts
 
 
@@ -69,13 +71,6 @@ def test_a_step_that_hangs_times_out_at_the_call_that_hangs(tmp_path: Path, requ
     failed = [v.message for v in live.values() if v.status == "fail"]
     assert len(failed) == 1 and "pool.fork(" in failed[0] and "did not answer within 2 s" in failed[0], failed
 
-
-TAMPERS = '''
-from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
-import pytest_cbatch.lifecycle.machine as _machine
-
-_machine.LifecycleMachine.check_views = lambda self, context: None  # the child's copy of the checks reads nothing
-'''
 
 
 def test_a_submission_that_patches_its_copy_of_the_kit_is_judged_one_request_at_a_time(tmp_path: Path) -> None:

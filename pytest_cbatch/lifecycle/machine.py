@@ -165,6 +165,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     header: tuple[str, ...] = ()
     read_log: set[tuple[str, str]] | None = None  # when a set: every (clause, published name) a check reads
     shortest = Shortest()  # each class made by ``bind`` gets its own
+    stops: list[BaseException] = []  # likewise: what ended its search early (``stop_if_timed_out``, a CallStopped)
 
     def __init__(self) -> None:
         super().__init__()
@@ -199,8 +200,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         """End the search if ``exc`` says the call ``code`` did not return in time (``StoppedViolation``)."""
         if isinstance(exc, CallTimedOut):
             self.failed = True
-            raise StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}",
-                                                      "\n".join([*self.script, code])))
+            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}",
+                                                       "\n".join([*self.script, code])))
+            self.stops.append(stop)  # should Hypothesis report its own error for the example this cuts short
+            raise stop
 
     def record(self, line: str) -> None:
         self.script.append(line)
@@ -461,7 +464,7 @@ def bind(base: type[LifecycleMachine], part: str, impl: object,
     if unknown:
         raise ValueError(f"unknown lifecycle clauses {sorted(unknown)}")
     attrs = {"impl": impl, "part": part, "disabled": frozenset(disabled), "header": tuple(import_lines(impl)),
-             "shortest": Shortest(), "__doc__": base.__doc__, "__module__": base.__module__}
+             "shortest": Shortest(), "stops": [], "__doc__": base.__doc__, "__module__": base.__module__}
     return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
 
 

@@ -207,4 +207,8 @@ def _first_violation(part: str, namespace: object, disabled: frozenset[str], sta
             (search or search_here)(machine, stage)
         except LifecycleViolation as violation:
             return violation
+        except Exception:
+            if machine.stops:  # Hypothesis reported its own error (a FlakyStrategyDefinition, when an earlier
+                raise machine.stops[0] from None  # example drew further) for the example the stop cut short
+            raise
     return None

@@ -60,7 +60,8 @@ class ReplayChannel(RecordChannel):
         self.after_rule: list[list[Any]] = []   # the invariant steps that followed the last rule
         self.tail: list[list[Any]] = []
         self.exchanges = 0          # mirror requests sent (for the benchmark and the tests)
-        self.diverged = False       # set once: the part is then judged over the live channel
+        # Set once: the part is then judged over the live channel (kept should Hypothesis report its own error).
+        self.divergence: MirrorDiverged | None = None
         self.namespace = RemoteNamespace(self, parts, sandbox.label)
         self.kit_in = -1            # the sandbox generation whose child has imported the kit
 
@@ -161,7 +162,7 @@ class ReplayChannel(RecordChannel):
                                       f"earlier failure")
 
     def _diverged(self, message: str) -> MirrorDiverged:
-        self.diverged = True
+        self.divergence = self.divergence or MirrorDiverged(message)
         return MirrorDiverged(message)
 
     def _line(self) -> dict[str, Any]:
@@ -191,7 +192,7 @@ def mirrored(cls: type[_T], channel: ReplayChannel) -> type[_T]:
             channel.step(self, name, kwargs)
 
         def teardown(self) -> None:
-            if channel.diverged:  # the search is over; nothing more is asked of the child
+            if channel.divergence is not None:  # the search is over; nothing more is asked of the child
                 return
             if not (self.failed or self.halted or not self.started):  # the same test as the teardown's own
                 channel.step(self, "teardown", {})
@@ -235,8 +236,13 @@ def lifecycle_verdicts_of(impl: Any, part: str, settings: Any = None, **options:
     search.sandbox.rewind(tally)
     channel = channel_of(ReplayChannel)
     try:
-        return lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
-                                  **options), note
+        verdicts = lifecycle_verdicts(part, channel.namespace, settings, wrap=lambda cls: mirrored(cls, channel),
+                                      **options)
+        if channel.divergence is None:
+            return verdicts, note
+        # The search ended at a divergence, but Hypothesis reported its own error for the example it cut
+        # short (a FlakyStrategyDefinition, when an earlier example drew further): the verdicts are not judged.
+        raise channel.divergence
     except MirrorDiverged as exc:
         impl.close()
         search.sandbox.rewind(tally)

@@ -92,6 +92,7 @@ class SearchChannel(RecordChannel):
         self.ahead: deque[dict[str, Any]] = deque()   # lines read, or kept to judge again, not yet used
         self.searches = 0           # searches the child ran (for the benchmark and the tests)
         self.over = False           # the search ended early: nothing more is asked of its lines
+        self.ended: SearchStopped | MirrorDiverged | None = None   # and why (see run_search)
         self.kept: list[dict[str, Any]] = []   # the current example's lines, should Hypothesis run it again
         self.keeping = False        # the grader's own search runs: its lines are kept, example by example
         self.again = False          # Hypothesis runs its failing example again: the kept lines answer it
@@ -107,6 +108,7 @@ class SearchChannel(RecordChannel):
         """Have the child begin the search of ``machine``'s part under ``settings`` (``describe``)."""
         spec = {"part": machine.part, "disabled": sorted(machine.disabled), "parts": self.parts,
                 "label": self.label, "settings": settings}
+        self.ended = None
         importing = self.kit_in != self.sandbox.generation or not self.sandbox.alive()
         try:  # the first line comes before any of the submission's code runs: only the kit's work is waited for
             first = self.sandbox.request({"op": "mirror", "search": spec}, "lifecycle",
@@ -206,11 +208,13 @@ class SearchChannel(RecordChannel):
 
     def _diverged(self, message: str) -> MirrorDiverged:
         self.over = True
-        return MirrorDiverged(message)
+        self.ended = MirrorDiverged(message)
+        return self.ended
 
     def _stopped(self, message: str) -> SearchStopped:
         self.over = True
-        return SearchStopped(message)
+        self.ended = SearchStopped(message)
+        return self.ended
 
     def _line(self) -> dict[str, Any]:
         if self.ahead:
@@ -268,6 +272,8 @@ def run_search(channel: SearchChannel, machine: type[RuleBasedStateMachine], set
         raise (_judge_again(machine, channel, last) if last else None) or own_violation from None
     except BaseException:
         channel.abandon()
+        if channel.ended is not None:  # Hypothesis may report its own error for the example that cut short
+            raise channel.ended from None  # (a FlakyStrategyDefinition, when an earlier example drew further)
         raise
     if channel.finish() is not None:
         raise channel._diverged("the child's search failed where the grader's passed")
