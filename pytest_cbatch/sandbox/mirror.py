@@ -261,7 +261,9 @@ def _what(line: dict[str, Any]) -> str:
     if "rec" in line:
         return f"request {line['rec'][0]!r:.200}" if isinstance(line["rec"], list) and line["rec"] else "a request"
     if "g" in line:
-        return f"a read of {line['g'][1]!r:.200}" if isinstance(line["g"], list) and len(line["g"]) == 3 else "a read"
+        return f"a read of {line['g'][1]!r:.200}" if isinstance(line["g"], list) and len(line["g"]) > 2 else "a read"
+    if "c" in line:
+        return f"a call of {line['c'][1]!r:.200}" if isinstance(line["c"], list) and len(line["c"]) > 2 else "a call"
     if "raised" in line:
         raised = line["raised"]
         return f"an error: {raised.get('type')}: {raised.get('message')}" if isinstance(raised, dict) else "an error"

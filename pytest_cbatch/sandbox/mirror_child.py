@@ -31,6 +31,28 @@ STREAM_SECONDS = 0.01
 passed since lines were last sent."""
 
 
+def read_line(handle: int, name: str, reply: dict[str, Any]) -> dict[str, Any]:
+    """A search's line for a read: ``{"g": [handle, name, value, flags]}`` when the reply holds only a value
+    (flags: 1 plain, 2 raw; ``search.read_reply`` reads it back), else ``{"g": [handle, name, reply]}``."""
+    if reply.keys() <= _VALUE_ONLY and "ok" in reply:
+        return {"g": [handle, name, reply["ok"], (1 if reply.get("plain") else 0) | (2 if reply.get("raw") else 0)]}
+    return {"g": [handle, name, reply]}
+
+
+def request_line(message: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """A search's line for a request: a read's as ``read_line``; a method call on an object as
+    ``{"c": [handle, method, args, kwargs, reply]}``; any other as ``{"rec": [message, reply]}``."""
+    if message["op"] == "getattr":
+        return read_line(message["target"]["$handle"], message["name"], reply)
+    if message["op"] == "call" and isinstance(message.get("method"), str) and message.keys() == CALL_KEYS:
+        return {"c": [message["target"]["$handle"], message["method"], message["args"], message["kwargs"], reply]}
+    return {"rec": [message, reply]}
+
+
+_VALUE_ONLY = frozenset({"ok", "plain", "raw"})
+CALL_KEYS = frozenset({"op", "target", "method", "args", "kwargs"})
+
+
 class RecordingChannel(RecordChannel):
     """Answers each request from the submission in this process and queues it for the parent."""
 
@@ -85,7 +107,7 @@ class RecordingChannel(RecordChannel):
             reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
             reply = raised(exc)
-        self.write({"g": [handle, name, reply]})
+        self.write(read_line(handle, name, reply))
         return self.read_answer(obj, name, reply)
 
     def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
@@ -98,10 +120,7 @@ class RecordingChannel(RecordChannel):
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
             reply = raised(exc)
         self.remember(message, reply)
-        if self.streaming and message["op"] == "getattr":  # a search's lines are short where they can be
-            self.write({"g": [message["target"]["$handle"], message["name"], reply]})
-        else:
-            self.write({"rec": [message, reply]})
+        self.write(request_line(message, reply) if self.streaming else {"rec": [message, reply]})
         return reply
 
     def _reads_only(self, message: dict[str, Any]) -> bool:

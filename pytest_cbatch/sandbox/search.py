@@ -45,6 +45,7 @@ from ..lifecycle import LifecycleViolation, steady_draws
 from ..lifecycle.machine import final_run
 from .child import decode, encode
 from .mirror import KIT_SECONDS, MirrorDiverged, _what
+from .mirror_child import CALL_KEYS
 from .process import Sandbox, SandboxFailure
 from .remote import RecordChannel, RemoteNamespace
 
@@ -176,10 +177,9 @@ class SearchChannel(RecordChannel):
         if found is not None:
             return found[1] if found[0] else decode(found[1], self.proxy)
         line = self._line()
-        record = line.get("g")
-        if not (isinstance(record, list) and len(record) == 3 and record[0] == handle and record[1] == name):
+        reply = read_reply(line.get("g"), handle, name)
+        if reply is None:
             raise self._diverged(f"the child made {_what(line)} where the grader reads {name!r} of #{handle}")
-        reply = record[2] if isinstance(record[2], dict) else {}
         if "exited" in reply:
             raise self._stopped(f"the {self.label} called sys.exit")
         return self.read_answer(obj, name, reply)
@@ -188,16 +188,9 @@ class SearchChannel(RecordChannel):
         if generation is not None and generation != self.example:
             raise self._gone()
         line = self._line()
-        if message["op"] == "getattr":  # the most requests by far, written short: [handle, name, reply]
-            record = line.get("g")
-            same = (isinstance(record, list) and len(record) == 3 and record[0] == message["target"]["$handle"]
-                    and record[1] == message["name"])
-        else:
-            record = line.get("rec")
-            same = isinstance(record, list) and len(record) == 2 and record[0] == message
-        if not same:
+        reply = reply_to(message, line)
+        if reply is None:
             raise self._diverged(f"the child made {_what(line)} where the grader makes {message!r:.200}")
-        reply = record[-1] if isinstance(record[-1], dict) else {}
         if "exited" in reply:  # the live channel restarts the child here; the child's search went on
             raise self._stopped(f"the {self.label} called sys.exit")
         self.remember(message, reply)
@@ -304,7 +297,43 @@ def _judge_again(machine: type[RuleBasedStateMachine], channel: SearchChannel,
 
 def _of_example(line: dict[str, Any]) -> bool:
     """Whether ``line`` is a step or a request of an example (not a search's final reply)."""
-    return "seg" in line or "g" in line or "rec" in line
+    return "seg" in line or "g" in line or "c" in line or "rec" in line
+
+
+def read_reply(record: Any, handle: int, name: str) -> dict[str, Any] | None:
+    """The reply in the read line ``{"g": record}`` (``mirror_child.read_line``) when it reads ``name`` of
+    ``handle``, else None."""
+    if not (isinstance(record, list) and len(record) in (3, 4) and record[0] == handle and record[1] == name):
+        return None
+    if len(record) == 3:
+        return record[2] if isinstance(record[2], dict) else {}
+    flags = record[3]
+    if not isinstance(flags, int):
+        return None
+    reply = {"ok": record[2]}
+    if flags & 1:
+        reply["plain"] = True
+    if flags & 2:
+        reply["raw"] = True
+    return reply
+
+
+def reply_to(message: dict[str, Any], line: dict[str, Any]) -> dict[str, Any] | None:
+    """The child's reply in ``line`` when it is the line of ``message`` in any form ``mirror_child.request_line``
+    writes, else None."""
+    if message["op"] == "getattr":  # the most requests by far
+        return read_reply(line.get("g"), message["target"]["$handle"], message["name"])
+    record = line.get("c")
+    if record is not None:
+        same = (isinstance(record, list) and len(record) == 5 and message["op"] == "call"
+                and message.keys() == CALL_KEYS and message["target"] == {"$handle": record[0]}
+                and record[1] == message["method"] and record[2] == message["args"]
+                and record[3] == message["kwargs"])
+        return (record[4] if isinstance(record[4], dict) else {}) if same else None
+    record = line.get("rec")
+    if isinstance(record, list) and len(record) == 2 and record[0] == message:
+        return record[1] if isinstance(record[1], dict) else {}
+    return None
 
 
 def _plain(obj: Any) -> Any:
