@@ -101,7 +101,8 @@ def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
         lifecycle = [t for t in results(out, name)["tests"] if t["name"].startswith("lifecycle.")]
         assert all(t["score"] == t["max_score"] for t in lifecycle), name
     refusal = next(t for t in results(out, "loops_forever")["tests"] if t["name"] == "contract.invalid_input_refused")
-    assert f"did not answer within {CALL_SECONDS} s" in refusal["output"] and "not JSON" not in refusal["output"], refusal["output"]
+    output = refusal["output"]
+    assert f"did not answer within {CALL_SECONDS} s" in output and "not JSON" not in output, output
 
 
 def test_a_failure_explains_itself_and_replays_from_the_students_folder(graded) -> None:
