@@ -5,7 +5,8 @@
 ``process`` (the child process and its limits), ``child`` (the child's side
 of the RPC), ``remote`` and ``proxies`` (the parent's side), ``search``,
 ``mirror`` and ``mirror_child`` (lifecycle searches, or steps, run by the
-child first and judged by the parent from its record) and ``bwrap``
+child first and judged by the parent from its record; ``lines``, a search's
+record as the two sides write and read it) and ``bwrap``
 (containment with bubblewrap, and the sandbox modes).
 """
 

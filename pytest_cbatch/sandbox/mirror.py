@@ -162,8 +162,9 @@ class ReplayChannel(RecordChannel):
                                       f"earlier failure")
 
     def _diverged(self, message: str) -> MirrorDiverged:
-        self.divergence = self.divergence or MirrorDiverged(message)
-        return MirrorDiverged(message)
+        diverged = MirrorDiverged(message)
+        self.divergence = self.divergence or diverged
+        return diverged
 
     def _line(self) -> dict[str, Any]:
         try:

@@ -20,6 +20,7 @@ import time
 from typing import Any, Callable
 
 from .child import MIRROR_PRELOAD, Server, _plain_read, decode, encode, exited, raised
+from .lines import read_line, request_line
 from .remote import RecordChannel, RemoteNamespace
 
 __all__ = ["MirrorSession"]
@@ -29,28 +30,6 @@ STREAM_LINES = 256
 STREAM_SECONDS = 0.01
 """While a search streams, queued lines are sent once there are STREAM_LINES of them, or once STREAM_SECONDS have
 passed since lines were last sent."""
-
-
-def read_line(handle: int, name: str, reply: dict[str, Any]) -> dict[str, Any]:
-    """A search's line for a read: ``{"g": [handle, name, value, flags]}`` when the reply holds only a value
-    (flags: 1 plain, 2 raw; ``search.read_reply`` reads it back), else ``{"g": [handle, name, reply]}``."""
-    if reply.keys() <= _VALUE_ONLY and "ok" in reply:
-        return {"g": [handle, name, reply["ok"], (1 if reply.get("plain") else 0) | (2 if reply.get("raw") else 0)]}
-    return {"g": [handle, name, reply]}
-
-
-def request_line(message: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
-    """A search's line for a request: a read's as ``read_line``; a method call on an object as
-    ``{"c": [handle, method, args, kwargs, reply]}``; any other as ``{"rec": [message, reply]}``."""
-    if message["op"] == "getattr":
-        return read_line(message["target"]["$handle"], message["name"], reply)
-    if message["op"] == "call" and isinstance(message.get("method"), str) and message.keys() == CALL_KEYS:
-        return {"c": [message["target"]["$handle"], message["method"], message["args"], message["kwargs"], reply]}
-    return {"rec": [message, reply]}
-
-
-_VALUE_ONLY = frozenset({"ok", "plain", "raw"})
-CALL_KEYS = frozenset({"op", "target", "method", "args", "kwargs"})
 
 
 class RecordingChannel(RecordChannel):

@@ -45,7 +45,7 @@ from ..lifecycle import LifecycleViolation, steady_draws
 from ..lifecycle.machine import final_run
 from .child import decode, encode
 from .mirror import KIT_SECONDS, MirrorDiverged, _what
-from .mirror_child import CALL_KEYS
+from .lines import read_reply, reply_to
 from .process import Sandbox, SandboxFailure
 from .remote import RecordChannel, RemoteNamespace
 
@@ -92,8 +92,8 @@ class SearchChannel(RecordChannel):
         self.running = False        # the current search's lines are not all read
         self.ahead: deque[dict[str, Any]] = deque()   # lines read, or kept to judge again, not yet used
         self.searches = 0           # searches the child ran (for the benchmark and the tests)
-        self.over = False           # the search ended early: nothing more is asked of its lines
-        self.ended: SearchStopped | MirrorDiverged | None = None   # and why (see run_search)
+        # Set when the search ends early, to why: nothing more is asked of its lines (see run_search).
+        self.ended: SearchStopped | MirrorDiverged | None = None
         self.kept: list[dict[str, Any]] = []   # the current example's lines, should Hypothesis run it again
         self.keeping = False        # the grader's own search runs: its lines are kept, example by example
         self.again = False          # Hypothesis runs its failing example again: the kept lines answer it
@@ -117,7 +117,7 @@ class SearchChannel(RecordChannel):
         except SandboxFailure as exc:
             raise self._stopped(f"the child could not begin the search: {exc}") from None
         self.child = self.kit_in = self.sandbox.generation
-        self.running, self.searches, self.over = True, self.searches + 1, False
+        self.running, self.searches = True, self.searches + 1
         self.keeping, self.again = True, False
         self.ahead.append(first)
 
@@ -200,12 +200,10 @@ class SearchChannel(RecordChannel):
         return SandboxFailure("died", f"the {self.label}'s objects are gone: their example has ended")
 
     def _diverged(self, message: str) -> MirrorDiverged:
-        self.over = True
         self.ended = MirrorDiverged(message)
         return self.ended
 
     def _stopped(self, message: str) -> SearchStopped:
-        self.over = True
         self.ended = SearchStopped(message)
         return self.ended
 
@@ -238,7 +236,7 @@ def searched(cls: type[_T], channel: SearchChannel) -> type[_T]:
             channel.step(name, kwargs)
 
         def teardown(self) -> None:
-            if channel.over:  # the search is ending with SearchStopped or MirrorDiverged
+            if channel.ended is not None:  # the search is ending with SearchStopped or MirrorDiverged
                 return
             if not (self.failed or self.halted or not self.started):  # the same test as the teardown's own
                 channel.step("teardown", {})
@@ -298,42 +296,6 @@ def _judge_again(machine: type[RuleBasedStateMachine], channel: SearchChannel,
 def _of_example(line: dict[str, Any]) -> bool:
     """Whether ``line`` is a step or a request of an example (not a search's final reply)."""
     return "seg" in line or "g" in line or "c" in line or "rec" in line
-
-
-def read_reply(record: Any, handle: int, name: str) -> dict[str, Any] | None:
-    """The reply in the read line ``{"g": record}`` (``mirror_child.read_line``) when it reads ``name`` of
-    ``handle``, else None."""
-    if not (isinstance(record, list) and len(record) in (3, 4) and record[0] == handle and record[1] == name):
-        return None
-    if len(record) == 3:
-        return record[2] if isinstance(record[2], dict) else {}
-    flags = record[3]
-    if not isinstance(flags, int):
-        return None
-    reply = {"ok": record[2]}
-    if flags & 1:
-        reply["plain"] = True
-    if flags & 2:
-        reply["raw"] = True
-    return reply
-
-
-def reply_to(message: dict[str, Any], line: dict[str, Any]) -> dict[str, Any] | None:
-    """The child's reply in ``line`` when it is the line of ``message`` in any form ``mirror_child.request_line``
-    writes, else None."""
-    if message["op"] == "getattr":  # the most requests by far
-        return read_reply(line.get("g"), message["target"]["$handle"], message["name"])
-    record = line.get("c")
-    if record is not None:
-        same = (isinstance(record, list) and len(record) == 5 and message["op"] == "call"
-                and message.keys() == CALL_KEYS and message["target"] == {"$handle": record[0]}
-                and record[1] == message["method"] and record[2] == message["args"]
-                and record[3] == message["kwargs"])
-        return (record[4] if isinstance(record[4], dict) else {}) if same else None
-    record = line.get("rec")
-    if isinstance(record, list) and len(record) == 2 and record[0] == message:
-        return record[1] if isinstance(record[1], dict) else {}
-    return None
 
 
 def _plain(obj: Any) -> Any:
