@@ -35,7 +35,8 @@ def _length_args(parser: argparse.ArgumentParser, *, input_len: int, output_len:
 def serve_main(argv: Sequence[str]) -> int:
     """``cbatch serve``: the embedded OpenAI-compatible server, until interrupted."""
     from ..reference.scheduler_sim import CONFIG_CHOICES
-    from .backends import BACKENDS, NUMERICS
+    from .backends import BACKENDS
+    from .sampling import NUMERICS
     from .engine import SERVE_DEFAULTS
 
     parser = argparse.ArgumentParser(prog="cbatch serve", description="Serve the reference scheduler over "
