@@ -55,6 +55,9 @@ def _check_parser() -> argparse.ArgumentParser:
                         help="how much one in-process run may grow this process's memory, in MiB; 0: no limit")
     parser.add_argument("--tick-seconds", type=float, default=0.05, metavar="SECONDS",
                         help="seconds per trace tick against an http:// live server")
+    parser.add_argument("--model", metavar="NAME",
+                        help="the model an http:// live server is asked for (default: the one /v1/models lists; "
+                             "needed when it lists none or several)")
     for name in ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, metavar="N",
                             help=f"default {DEFAULT_CONFIG[name]} (with --report: the report's own config)")
@@ -151,7 +154,8 @@ def _check(argv: list[str]) -> int:
     try:
         if wanted and "invalid_input_refused" in wanted:
             return _check_refusal(args, resolve_impl(args.impl, bounds=_check_bounds(args, argv),
-                                                     tick_seconds=args.tick_seconds, option="--impl"),
+                                                     tick_seconds=args.tick_seconds, model=args.model,
+                                                     option="--impl"),
                                   {**BASE_CONFIG, **given})
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
         trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
@@ -182,7 +186,7 @@ def _check(argv: list[str]) -> int:
                     checked.append(cid)
         else:
             impl = resolve_impl(args.impl, bounds=_check_bounds(args, argv), tick_seconds=args.tick_seconds,
-                                option="--impl")
+                                model=args.model, option="--impl")
             print(f"trace: {trace_name}")
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)

@@ -41,6 +41,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
+    group.addoption("--cbatch-model", metavar="NAME", default=None,
+                    help="the model an http:// live server is asked for, as it knows it (a model id, or the path "
+                         "it was started with); default: the one /v1/models lists, needed when it lists none or "
+                         "several (ini: cbatch_model)")
     group.addoption("--cbatch-artifacts", metavar="DIR", default=None,
                     help="where failing traces are written for replay, default .cbatch-failures "
                          "(ini: cbatch_artifacts)")
@@ -65,6 +69,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
                   default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
+    parser.addini("cbatch_model", "the model an http:// live server is asked for (see --cbatch-model)", default=None)
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
     parser.addini("cbatch_sandbox", "auto, bwrap or process (see --cbatch-sandbox)", default="auto")
@@ -165,7 +170,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                           mode=_setting(config, "sandbox"))
         else:
             impl = resolve_impl(spec, bounds=bounds, rootdir=str(config.invocation_params.dir),
-                                tick_seconds=tick_seconds)
+                                tick_seconds=tick_seconds, model=_setting(config, "model") or None)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
     chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))

@@ -21,7 +21,7 @@ def _build(request: SpecRequest) -> Implementation:
     from ..live.replay import HttpImplementation
 
     return HttpImplementation(request.spec, tick_seconds=request.tick_seconds,
-                              timeout=request.bounds.seconds or 86400.0)
+                              timeout=request.bounds.seconds or 86400.0, model=request.model)
 
 
 KIND = Kind(order=100, form="http://HOST:PORT", claims=_claims, build=_build)

@@ -16,7 +16,8 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", help="http://HOST:PORT[/v1] (default: from --host and --port)")
     parser.add_argument("--host", default="127.0.0.1", help="server host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="server port (default 8000)")
-    parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    parser.add_argument("--model", help="model id, as the server knows it (default: the one /v1/models lists; "
+                                         "needed when it lists none or several)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
 
