@@ -22,13 +22,14 @@ from typing import Any
 
 from ..explain import explain_failure, trace_jsonl
 from ..impls import Implementation, ImplementationError
-from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
+from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
 from ..sandbox import IsolatedImplementation, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
-__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "rubric_tests", "unjudged"]
+__all__ = ["Submission", "apply_rubric", "contract_clauses", "grade_implementation", "grade_submission", "rubric_tests",
+           "unjudged"]
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
@@ -90,9 +91,10 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     tests: list[TestResult] = []
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
-        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent) for c in ALL_CLAUSES]
+        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
+                  for c in contract_clauses(rubric)]
     elif "scheduler" in rubric.parts:
-        tests += _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
+        tests += _contract_tests(Judge(impl), contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
@@ -125,12 +127,17 @@ def rubric_tests(rubric: Rubric) -> list[str]:
 
     names: list[str] = []
     if "scheduler" in rubric.parts:
-        names += [f"contract.{c}" for c in ALL_CLAUSES]
+        names += [f"contract.{c}" for c in contract_clauses(rubric)]
     if "lifecycle" in rubric.parts:
         names += list(LIFECYCLE_CLAUSES)
     if "numerics" in rubric.parts:
         names += _numeric_names(rubric)
     return names
+
+
+def contract_clauses(rubric: Rubric) -> tuple[str, ...]:
+    """The contract clauses graded under ``rubric``: course_results too when it says ``course = true``."""
+    return judged_clauses(OPT_IN_CLAUSES if rubric.course else ())
 
 
 def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
@@ -150,16 +157,17 @@ def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
 # ------------------------------------------------------------------ contract
 
 
-def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_log: list[str]) -> list[TestResult]:
-    tallies = {cid: _Tally() for cid in ALL_CLAUSES}
+def _contract_tests(judge: Judge, clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
+                    hidden_log: list[str]) -> list[TestResult]:
+    tallies = {cid: _Tally() for cid in clauses}
     for case in plan.cases:
-        for cid in ALL_CLAUSES:
+        for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
             _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
     for case in plan.invalid:
         _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in ALL_CLAUSES]
+    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
 
 
 def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:

@@ -12,6 +12,7 @@ shipped ``default_rubric.toml``)::
     numerics_dtypes = ["float64"]
     parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
+    course = false             # true: also grade contract.course_results, the course's exact results
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -56,7 +57,10 @@ __all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool}
+
+
+_KIND_NAMES = {bool: "boolean (true or false)"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,7 @@ class Rubric:
     numerics_dtypes: tuple[str, ...] = ("float64",)
     parts: tuple[str, ...] = PARTS
     sandbox: str = "auto"
+    course: bool = False
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -133,8 +138,8 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         kind = _GRADING_KEYS.get(key)
         if kind is None:
             raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"{source}: [grading].{key} must be a {kind.__name__}, got {value!r}")
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise ValueError(f"{source}: [grading].{key} must be a {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
         out[key] = tuple(value) if kind is list else value
     if out.get("numerics", "auto") not in ("auto", "off"):
         raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
