@@ -139,7 +139,8 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         if kind is None:
             raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            raise ValueError(f"{source}: [grading].{key} must be a {_KIND_NAMES.get(kind, kind.__name__)}, got {value!r}")
+            kind_name = _KIND_NAMES.get(kind, kind.__name__)
+            raise ValueError(f"{source}: [grading].{key} must be a {kind_name}, got {value!r}")
         out[key] = tuple(value) if kind is list else value
     if out.get("numerics", "auto") not in ("auto", "off"):
         raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
