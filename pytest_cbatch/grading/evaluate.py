@@ -42,6 +42,7 @@ class Submission:
     name: str
     path: str
     load: LoadSpec
+    problem: str | None = None   # why it cannot be graded at all (a broken manifest), or None
 
 
 @dataclass
@@ -61,9 +62,14 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
+    problem = submission.problem or _program_problem(submission, rubric)
+    if problem:
+        tests = unjudged(rubric, f"the submission could not be graded: {problem}")
+        return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start)
     try:
         impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                      label=f"submission {submission.name!r}", mode=sandbox)
+                                      label=f"submission {submission.name!r}", mode=sandbox,
+                                      runtimes=rubric.runtimes)
     except ImplementationError as exc:
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
@@ -74,6 +80,14 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         return grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start)
     finally:
         impl.close()
+
+
+def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
+    """Why a program submission's command cannot run in the sandbox (see ``manifest``), or None."""
+    from .manifest import command_problem
+
+    command = submission.load.command
+    return command_problem(command, submission.path, rubric.runtimes) if command else None
 
 
 def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -252,7 +266,9 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
     for cid in LIFECYCLE_CLAUSES:
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
-            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=_absent(parts, namespace)))
+            program = getattr(impl, "sources", {}).get("simulate", "")
+            absent = _program_lacks(program) if program.startswith("program: ") else _absent(parts, namespace)
+            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
         status, message = merged[cid]
         if status == "skip":
@@ -280,6 +296,14 @@ def _absent(parts: list[str], namespace: Any) -> str:
             f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} need"
             f"{'' if len(parts) > 1 else 's'}. A course whose assignment has no lifecycle part leaves it out "
             f"of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 points)")
+
+
+def _program_lacks(program: str) -> str:
+    return (f"this submission is a program ({program[len('program: '):]!r}, from its cbatch.toml), which answers "
+            f"simulate over stdin and stdout only: the lifecycle classes (PagedKV, RecomputeRequest, "
+            f"TransferManager) are Python objects it cannot expose. A course that accepts other languages leaves "
+            f"the lifecycle part out of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 "
+            f"points)")
 
 
 def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:

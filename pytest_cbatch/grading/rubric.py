@@ -13,6 +13,7 @@ shipped ``default_rubric.toml``)::
     parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
     course = false             # true: also grade contract.course_results, the course's exact results
+    runtimes = []              # language runtimes outside /usr a program submission may use (absolute folders)
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -39,6 +40,7 @@ Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -57,7 +59,8 @@ __all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
+                 "runtimes": list}
 
 
 _KIND_NAMES = {bool: "boolean (true or false)"}
@@ -86,6 +89,7 @@ class Rubric:
     parts: tuple[str, ...] = PARTS
     sandbox: str = "auto"
     course: bool = False
+    runtimes: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -150,6 +154,10 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if out.get("sandbox", "auto") not in SANDBOX_MODES:
         raise ValueError(f"{source}: [grading].sandbox must be one of {', '.join(SANDBOX_MODES)}, "
                          f"got {out['sandbox']!r}")
+    for folder in out.get("runtimes", ()):
+        if not isinstance(folder, str) or not os.path.isabs(folder) or not os.path.isdir(folder):
+            raise ValueError(f"{source}: [grading].runtimes must list absolute paths of folders on this machine "
+                             f"(a runtime's install folder, e.g. \"/opt/node-v22\"), got {folder!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")
