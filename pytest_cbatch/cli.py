@@ -49,6 +49,10 @@ def _check_parser() -> argparse.ArgumentParser:
                                                          "(needs --trace unless it is a report of the demo trace)")
     parser.add_argument("--trace", metavar="JSONL", help="the workload (with --impl, default: the built-in demo trace)")
     parser.add_argument("--clause", action="append", metavar="ID", help="check only these clauses (repeatable)")
+    parser.add_argument("--course", action="store_true",
+                        help="also check clause course_results: the exact results the course states and its "
+                             "published simulator gives, under reserve admission (for a course assignment; an "
+                             "engine's policy differs by design)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_SECONDS, metavar="SECONDS",
                         help="time limit of one run of the implementation (in process or exec:); 0: none")
     parser.add_argument("--memory", type=float, default=DEFAULT_MEMORY_MIB, metavar="MIB",
@@ -121,18 +125,20 @@ def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any
 
 
 def _check(argv: list[str]) -> int:
-    from .contract import CLAUSES, check_report, clause_ids, unobservable
+    from .contract import CLAUSES, check_report, clause_ids, out_of_scope, unobservable
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
     from .reference.scheduler_sim import demo_trace, load_trace, validate_trace
-    from .runner import ALL_CLAUSES, Judge
+    from .runner import OPT_IN_CLAUSES, Judge, judged_clauses
     from .workloads import BASE_CONFIG
 
     args = _check_parser().parse_args(argv)
     wanted = args.clause or None
-    unknown = [c for c in wanted or () if c not in ALL_CLAUSES]
+    opt_in = OPT_IN_CLAUSES if args.course else ()
+    unknown = [c for c in wanted or () if c not in judged_clauses(OPT_IN_CLAUSES)]
     if unknown:
-        print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids())}", file=sys.stderr)
+        print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids(OPT_IN_CLAUSES))}",
+              file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in (*BASE_CONFIG, "admission") if getattr(args, k) is not None}
     if args.config_json:
@@ -174,12 +180,14 @@ def _check(argv: list[str]) -> int:
                         "is it the trace the report was made from?")
                 raise ValueError(f"{args.report} is not a report of {trace_name}: {mismatch}; {hint}")
             print(f"trace: {trace_name}")
-            violations = check_report(report, trace, given, clauses=wanted)
+            if args.course or "course_results" in (wanted or ()):
+                given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
+            violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in)
             checked = []
-            for cid in wanted or clause_ids():
+            for cid in wanted or clause_ids(opt_in):
                 if cid not in CLAUSES:
                     continue
-                hidden = unobservable(cid, report)
+                hidden = unobservable(cid, report) or out_of_scope(cid, given)
                 if hidden:
                     skipped.setdefault(hidden, []).append(cid)
                 else:
@@ -191,7 +199,7 @@ def _check(argv: list[str]) -> int:
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)
             violations, checked, report = [], [], None
-            for cid in wanted or ALL_CLAUSES:
+            for cid in wanted or judged_clauses(opt_in):
                 if cid == "invalid_input_refused":
                     continue
                 result = judge.judge(cid, trace, config)
@@ -222,6 +230,14 @@ def _check(argv: list[str]) -> int:
         return 1
     print(f"OK: all {len(checked)} clauses hold")
     return 0
+
+
+def _recorded_settings(report: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler settings a recorded report's config names (what ``--report`` checks it against)."""
+    from .reference.scheduler_sim import CONFIG_CHOICES
+
+    config = report.get("config")
+    return {k: v for k, v in config.items() if k in CONFIG_CHOICES} if isinstance(config, dict) else {}
 
 
 def _check_bounds(args: argparse.Namespace, argv: Sequence[str]) -> Any:

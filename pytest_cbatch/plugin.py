@@ -58,6 +58,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override a base setting of every workload that does not set it itself, e.g. "
                          "release_delay=0 for an engine that frees pages at once; repeatable (ini: cbatch_config, "
                          "one KEY=VALUE per line)")
+    group.addoption("--cbatch-course", action="store_true", default=False,
+                    help="also judge clause course_results: the exact results the course states and its published "
+                         "simulator gives, on reserve-admission workloads (for a course assignment; an engine's "
+                         "policy differs by design) (ini: cbatch_course)")
     group.addoption("--cbatch-suite", choices=("auto", "off"), default=None,
                     help="auto: with no paths given, run the shipped suite (default); off: never redirect "
                          "collection (ini: cbatch_suite)")
@@ -72,6 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("cbatch_model", "the model an http:// live server is asked for (see --cbatch-model)", default=None)
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+    parser.addini("cbatch_course", "true: also judge clause course_results (see --cbatch-course)", type="bool",
+                  default=False)
     parser.addini("cbatch_sandbox", "auto, bwrap or process (see --cbatch-sandbox)", default="auto")
     parser.addini("cbatch_config", "base-setting overrides, one KEY=VALUE per line (see --cbatch-config)",
                   type="linelist", default=[])
@@ -104,7 +110,15 @@ class CbatchState:
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
     part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
+    opt_in: tuple[str, ...] = ()                                        # opt-in clauses asked for (--cbatch-course)
     _judge: Any = None
+
+    @property
+    def clauses(self) -> tuple[str, ...]:
+        """Every clause this run judges: those judged by default and the opt-in ones asked for."""
+        from .runner import judged_clauses
+
+        return judged_clauses(self.opt_in)
 
     def workload_config(self, config: Mapping[str, Any], explicit: Sequence[str] = ()) -> dict[str, Any]:
         """``config`` with the --cbatch-config overrides applied, except to the settings in ``explicit``
@@ -184,7 +198,7 @@ def pytest_configure(config: pytest.Config) -> None:
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected, overrides={**native, **chosen},
-                        native=native)
+                        native=native, opt_in=opted_clauses(config))
     config.stash[_STATE] = state
     _configure_last_resort(config, enabled=timeout > 0 and not _faulthandler_timeout(config))
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
@@ -217,6 +231,11 @@ def _configure_last_resort(config: pytest.Config, enabled: bool) -> None:
         os.close(fd)
 
     config.add_cleanup(restore)
+
+
+def opted_clauses(config: pytest.Config) -> tuple[str, ...]:
+    """The opt-in clauses this run asked for: ``course_results`` with --cbatch-course or ini cbatch_course."""
+    return ("course_results",) if config.getoption("cbatch_course") or config.getini("cbatch_course") else ()
 
 
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
@@ -505,12 +524,11 @@ def cbatch_run(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
     state = _require(request)
 
     def run(trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        from .runner import ALL_CLAUSES
         from .workloads import BASE_CONFIG
 
         cfg = {**BASE_CONFIG, **(config or {})}
         report = None
-        for cid in ALL_CLAUSES:
+        for cid in state.clauses:
             if cid in ("invalid_input_refused", "deterministic"):
                 continue
             result = state.judge.judge(cid, list(trace), cfg)

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
-from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report, schema_kinds, unobservable
+from .contract import (
+    RUNNER_CLAUSES, Violation, check_report, clause_ids, opt_in_ids, out_of_scope, schema_kinds, unobservable,
+)
 from .impls import Implementation, RunOutcome
 
-__all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES"]
+__all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES", "OPT_IN_CLAUSES",
+           "judged_clauses"]
 
-ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(CLAUSES) + tuple(RUNNER_CLAUSES)
+ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(clause_ids())
+"""Every clause judged by default, in order."""
+OPT_IN_CLAUSES: tuple[str, ...] = tuple(opt_in_ids())
+"""The clauses judged only when asked for (course_results: ``--cbatch-course``)."""
+
+
+def judged_clauses(opt_in: Collection[str] = ()) -> tuple[str, ...]:
+    """Every clause judged by default and the opt-in clauses named in ``opt_in``, in order."""
+    return ("completes",) + tuple(clause_ids(opt_in))
 
 COMPLETES_STATEMENT = "The implementation returns a report for every valid trace and config it supports."
 NO_REPORT = "no report to check (see clause 'completes')"
@@ -40,8 +51,9 @@ class ClauseResult:
 @dataclass
 class _Run:
     outcome: RunOutcome
-    violations: list[Violation]
+    violations: list[Violation]   # of the clauses judged by default
     schema_ok: bool
+    opted: dict[str, list[Violation]] = field(default_factory=dict)   # of each opt-in clause judged so far
 
 
 class Judge:
@@ -67,7 +79,7 @@ class Judge:
 
     def judge(self, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
         """Judge ``clause`` on the implementation's run of ``trace`` under ``config``."""
-        if clause not in ALL_CLAUSES or clause == "invalid_input_refused":
+        if clause not in ALL_CLAUSES and clause not in OPT_IN_CLAUSES or clause == "invalid_input_refused":
             raise ValueError(f"unknown clause {clause!r} here (invalid_input_refused has its own check)")
         run = self.run(trace, config)
         out = run.outcome
@@ -92,6 +104,9 @@ class Judge:
             return ClauseResult(clause, "skip", reason="the report fails schema_valid, so this clause was not checked",
                                 report=report)
         hidden = unobservable(clause, report)
+        beyond = out_of_scope(clause, config)
+        if beyond:
+            return ClauseResult(clause, "skip", reason=beyond, report=report)
         if hidden is None and clause == "deterministic" and report.get("time_unit") == "seconds":
             hidden = ("not observable from this report: a live server's timings differ between runs, so "
                       "determinism is judged on engine reports only")
@@ -107,7 +122,12 @@ class Judge:
             diff = first_difference(report, again.report)
             found = [Violation(clause, f"second run differs at {diff}")] if diff else []
             return ClauseResult(clause, "fail" if found else "pass", found, report=report)
-        found = [v for v in run.violations if v.clause == clause]
+        if clause in OPT_IN_CLAUSES:
+            if clause not in run.opted:
+                run.opted[clause] = check_report(report, trace, config, clauses=[clause])
+            found = run.opted[clause]
+        else:
+            found = [v for v in run.violations if v.clause == clause]
         return ClauseResult(clause, "fail" if found else "pass", found, report=report)
 
     def judge_refusal(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:

@@ -19,24 +19,39 @@ from __future__ import annotations
 import gc
 import re
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 # Importing the families registers their clauses; this order is the clause table's order.
 from . import requests  # noqa: F401  (isort: skip)
 from . import rows  # noqa: F401  (isort: skip)
 from . import pages  # noqa: F401  (isort: skip)
+from . import course  # noqa: F401  (isort: skip)
 from .core import (
     CLAUSES, RUNNER_CLAUSES, Clause, ReportIndex, Violation, clause, required_blocks,
 )
 
 __all__ = [
     "CLAUSES", "RUNNER_CLAUSES", "Clause", "Violation", "ReportIndex",
-    "check_report", "clause_ids", "required_blocks", "schema_kinds", "unobservable", "clause",
+    "check_report", "clause_ids", "opt_in_ids", "out_of_scope", "required_blocks", "schema_kinds", "unobservable",
+    "clause",
 ]
 
-def clause_ids() -> list[str]:
-    """Every clause id, report clauses first, in registration order."""
-    return list(CLAUSES) + list(RUNNER_CLAUSES)
+
+def clause_ids(opt_in: Collection[str] = ()) -> list[str]:
+    """The id of every clause judged by default and of the opt-in ones in ``opt_in``, report clauses first,
+    in registration order."""
+    return [cid for cid, c in CLAUSES.items() if not c.opt_in or cid in opt_in] + list(RUNNER_CLAUSES)
+
+
+def opt_in_ids() -> list[str]:
+    """The clauses judged only when asked for (``Clause.opt_in`` says how)."""
+    return [cid for cid, c in CLAUSES.items() if c.opt_in]
+
+
+def out_of_scope(cid: str, config: Mapping[str, Any]) -> str | None:
+    """Why clause ``cid`` does not judge a run asked for with ``config`` (``Clause.scope``), or None."""
+    found = CLAUSES.get(cid)
+    return found.scope(config) if found is not None and found.scope is not None else None
 
 
 def unobservable(cid: str, report: Mapping[str, Any]) -> str | None:
@@ -74,16 +89,19 @@ def check_report(
     config: Mapping[str, Any],
     *,
     clauses: Sequence[str] | None = None,
+    opt_in: Collection[str] = (),
     max_per_clause: int = 20,
 ) -> list[Violation]:
     """Check ``report`` (produced from ``trace`` under ``config``) against the contract.
 
-    Returns the violations of every report clause (or of ``clauses`` only), at
+    Returns the violations of every report clause judged by default and of the
+    opt-in ones named in ``opt_in`` (or of ``clauses`` only), at
     most ``max_per_clause`` each plus one line counting the rest.  ``trace``
     must be a valid trace (see ``scheduler_sim.validate_trace``).  A report
     that is not schema-valid yields only its ``schema_valid`` violations: the
     first issue of each distinct kind, then the rest up to ``max_per_clause``.
-    Clauses the report cannot observe (see ``unobservable``) are not checked.
+    Clauses the report cannot observe (see ``unobservable``) and clauses whose
+    scope leaves this config out (see ``out_of_scope``) are not checked.
     """
     from ..schemas import schema_issues
 
@@ -92,8 +110,10 @@ def check_report(
         if issues:
             return _schema_violations(issues, max_per_clause)
         index = ReportIndex(report, trace, config)
+        wanted = clause_ids(opt_in) if clauses is None else clauses
         chosen = [c for cid, c in CLAUSES.items()
-                  if c.check is not None and (clauses is None or cid in clauses) and index.observes(c.needs)]
+                  if c.check is not None and cid in wanted and index.observes(c.needs)
+                  and out_of_scope(cid, config) is None]
         index.replaying = [c.id for c in chosen if c.at]   # one replay judges them all
         out: list[Violation] = []
         for c in chosen:

@@ -72,6 +72,9 @@ class Clause:
     at: frozenset[str] = frozenset()   # event kinds it judges during the shared replay (see ``clause``)
     step: Callable[["ReportIndex", int, dict[str, Any], "Replay"], Iterable[Violation]] | None = field(
         default=None, compare=False, repr=False)   # its judge of one such event, when ``at`` is set
+    opt_in: str = ""   # how a user asks for it, when it is judged only on request (see ``clause``)
+    scope: Callable[[Mapping[str, Any]], str | None] | None = field(
+        default=None, compare=False, repr=False)   # why a run's config is outside what it judges, or None
 
 
 CLAUSES: dict[str, Clause] = {
@@ -84,7 +87,8 @@ CLAUSES: dict[str, Clause] = {
 
 def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "",
            reads: Sequence[str] = (), compares: Mapping[str, str] | None = None,
-           at: Sequence[str] = ()) -> Callable:
+           at: Sequence[str] = (), opt_in: str = "",
+           scope: Callable[[Mapping[str, Any]], str | None] | None = None) -> Callable:
     """Register a report clause; the decorated generator yields its violations.
 
     Without ``at`` it is called once, as ``check(index)``.  With ``at`` (event
@@ -101,6 +105,10 @@ def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), adm
     ``events[dispatch].work[].input_tokens``); ``compares``: each value the
     check compares with what it expects, mapped to the words of the statement
     that define it (a value the statement does not define is not compared).
+    ``opt_in``: a clause judged only when asked for, with the words that say
+    how (``--cbatch-course``); every other clause is judged by default.
+    ``scope(config)``: why a run's config is outside what the clause judges
+    (that run skips it, with the reason), or None.
     """
 
     unvisited = sorted(set(at) - (EVENT_KINDS - {"token"}))
@@ -112,7 +120,7 @@ def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), adm
             raise ValueError(f"clause {cid!r} registered twice")
         check = fn if not at else (lambda index: iter(index.replayed(cid)))
         CLAUSES[cid] = Clause(cid, statement, why, check, frozenset(needs), admits, tuple(reads),
-                              tuple((compares or {}).items()), frozenset(at), fn if at else None)
+                              tuple((compares or {}).items()), frozenset(at), fn if at else None, opt_in, scope)
         return fn
 
     return register
@@ -165,6 +173,7 @@ class ReportIndex:
 
     def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
         self.report = report
+        self.trace = trace
         self.events: list[dict[str, Any]] = report["events"]
         self.asked = dict(config)
         self.cfg: dict[str, Any] = dict(report["config"])

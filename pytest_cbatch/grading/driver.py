@@ -4,7 +4,8 @@
     cbatch grade --gradescope [--rubric rubric.toml] [--traces DIR] [--sandbox MODE]
 
 A submission is each ``.py`` file of SUBMISSIONS_DIR, or each folder holding
-``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file; its
+``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file, or a
+manifest ``cbatch.toml`` naming a program in any language (``manifest``); its
 name is the file stem or folder name.  Each gets ``OUT/<name>/results.json``
 (Gradescope format, validated against schemas/gradescope-results.schema.json
 before it is written) and a row of ``OUT/summary.csv``.  ``OUT/<name>/`` is
@@ -32,6 +33,7 @@ from typing import Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
+from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
 from .results import SubmissionResult, TestResult, write_json, write_summary
 from .rubric import Rubric, load_rubric
@@ -49,14 +51,26 @@ def discover(folder: Path) -> list[Submission]:
             continue
         if entry.is_file() and entry.suffix == ".py":
             sub = Submission(entry.stem, str(entry), _single_file(entry))
-        elif entry.is_dir() and submission_files(str(entry)):
-            sub = Submission(entry.name, str(entry), LoadSpec(str(entry), submission_files(str(entry))))
+        elif entry.is_dir() and (held := folder_submission(entry, entry.name)) is not None:
+            sub = held
         else:
             continue
         if sub.name in found:
             raise ValueError(f"two submissions are named {sub.name!r}: {found[sub.name].path} and {sub.path}")
         found[sub.name] = sub
     return list(found.values())
+
+
+def folder_submission(folder: Path, name: str) -> Submission | None:
+    """The submission a folder holds: a program named by its manifest (``cbatch.toml``; a broken one is a
+    submission whose results say what is wrong), else its Python files; None when it holds neither."""
+    if os.path.lexists(folder / MANIFEST):
+        try:
+            return Submission(name, str(folder), LoadSpec(str(folder), command=read_manifest(folder)))
+        except ManifestError as exc:
+            return Submission(name, str(folder), LoadSpec(str(folder)), problem=str(exc))
+    files = submission_files(str(folder))
+    return Submission(name, str(folder), LoadSpec(str(folder), files)) if files else None
 
 
 def _single_file(path: Path) -> LoadSpec:
@@ -67,10 +81,10 @@ def _single_file(path: Path) -> LoadSpec:
 def gradescope_submission(root: Path) -> Submission:
     """The single submission Gradescope unpacks in ``root/submission``."""
     folder = root / "submission"
-    files = submission_files(str(folder)) if folder.is_dir() else ()
-    if not files:
-        raise ValueError(f"{folder}: no .py file to grade")
-    return Submission("submission", str(folder), LoadSpec(str(folder), files))
+    found = folder_submission(folder, "submission") if folder.is_dir() else None
+    if found is None:
+        raise ValueError(f"{folder}: no .py file or {MANIFEST} to grade")
+    return found
 
 
 def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path, sandbox: str) -> SubmissionResult:

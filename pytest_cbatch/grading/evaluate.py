@@ -22,13 +22,14 @@ from typing import Any
 
 from ..explain import explain_failure, trace_jsonl
 from ..impls import Implementation, ImplementationError
-from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
+from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
 from ..sandbox import IsolatedImplementation, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
-__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "rubric_tests", "unjudged"]
+__all__ = ["Submission", "apply_rubric", "contract_clauses", "grade_implementation", "grade_submission", "rubric_tests",
+           "unjudged"]
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
@@ -41,6 +42,7 @@ class Submission:
     name: str
     path: str
     load: LoadSpec
+    problem: str | None = None   # why it cannot be graded at all (a broken manifest), or None
 
 
 @dataclass
@@ -60,9 +62,14 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
+    problem = submission.problem or _program_problem(submission, rubric)
+    if problem:
+        tests = unjudged(rubric, f"the submission could not be graded: {problem}")
+        return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start)
     try:
         impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                      label=f"submission {submission.name!r}", mode=sandbox)
+                                      label=f"submission {submission.name!r}", mode=sandbox,
+                                      runtimes=rubric.runtimes)
     except ImplementationError as exc:
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
@@ -73,6 +80,14 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         return grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start)
     finally:
         impl.close()
+
+
+def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
+    """Why a program submission's command cannot run in the sandbox (see ``manifest``), or None."""
+    from .manifest import command_problem
+
+    command = submission.load.command
+    return command_problem(command, submission.path, rubric.runtimes) if command else None
 
 
 def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -90,9 +105,10 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     tests: list[TestResult] = []
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
-        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent) for c in ALL_CLAUSES]
+        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
+                  for c in contract_clauses(rubric)]
     elif "scheduler" in rubric.parts:
-        tests += _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
+        tests += _contract_tests(Judge(impl), contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
@@ -125,12 +141,17 @@ def rubric_tests(rubric: Rubric) -> list[str]:
 
     names: list[str] = []
     if "scheduler" in rubric.parts:
-        names += [f"contract.{c}" for c in ALL_CLAUSES]
+        names += [f"contract.{c}" for c in contract_clauses(rubric)]
     if "lifecycle" in rubric.parts:
         names += list(LIFECYCLE_CLAUSES)
     if "numerics" in rubric.parts:
         names += _numeric_names(rubric)
     return names
+
+
+def contract_clauses(rubric: Rubric) -> tuple[str, ...]:
+    """The contract clauses graded under ``rubric``: course_results too when it says ``course = true``."""
+    return judged_clauses(OPT_IN_CLAUSES if rubric.course else ())
 
 
 def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
@@ -150,16 +171,17 @@ def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
 # ------------------------------------------------------------------ contract
 
 
-def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_log: list[str]) -> list[TestResult]:
-    tallies = {cid: _Tally() for cid in ALL_CLAUSES}
+def _contract_tests(judge: Judge, clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
+                    hidden_log: list[str]) -> list[TestResult]:
+    tallies = {cid: _Tally() for cid in clauses}
     for case in plan.cases:
-        for cid in ALL_CLAUSES:
+        for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
             _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
     for case in plan.invalid:
         _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in ALL_CLAUSES]
+    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
 
 
 def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
@@ -244,7 +266,9 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
     for cid in LIFECYCLE_CLAUSES:
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
-            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=_absent(parts, namespace)))
+            program = getattr(impl, "sources", {}).get("simulate", "")
+            absent = _program_lacks(program) if program.startswith("program: ") else _absent(parts, namespace)
+            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
         status, message = merged[cid]
         if status == "skip":
@@ -272,6 +296,14 @@ def _absent(parts: list[str], namespace: Any) -> str:
             f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} need"
             f"{'' if len(parts) > 1 else 's'}. A course whose assignment has no lifecycle part leaves it out "
             f"of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 points)")
+
+
+def _program_lacks(program: str) -> str:
+    return (f"this submission is a program ({program[len('program: '):]!r}, from its cbatch.toml), which answers "
+            f"simulate over stdin and stdout only: the lifecycle classes (PagedKV, RecomputeRequest, "
+            f"TransferManager) are Python objects it cannot expose. A course that accepts other languages leaves "
+            f"the lifecycle part out of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 "
+            f"points)")
 
 
 def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:

@@ -12,6 +12,8 @@ shipped ``default_rubric.toml``)::
     numerics_dtypes = ["float64"]
     parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
+    course = false             # true: also grade contract.course_results, the course's exact results
+    runtimes = []              # language runtimes outside /usr a program submission may use (absolute folders)
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -38,6 +40,7 @@ Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
 from __future__ import annotations
 
 import fnmatch
+import os
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -56,7 +59,11 @@ __all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
+                 "runtimes": list}
+
+
+_KIND_NAMES = {bool: "boolean (true or false)"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,8 @@ class Rubric:
     numerics_dtypes: tuple[str, ...] = ("float64",)
     parts: tuple[str, ...] = PARTS
     sandbox: str = "auto"
+    course: bool = False
+    runtimes: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -133,8 +142,9 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         kind = _GRADING_KEYS.get(key)
         if kind is None:
             raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"{source}: [grading].{key} must be a {kind.__name__}, got {value!r}")
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            kind_name = _KIND_NAMES.get(kind, kind.__name__)
+            raise ValueError(f"{source}: [grading].{key} must be a {kind_name}, got {value!r}")
         out[key] = tuple(value) if kind is list else value
     if out.get("numerics", "auto") not in ("auto", "off"):
         raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
@@ -144,6 +154,10 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if out.get("sandbox", "auto") not in SANDBOX_MODES:
         raise ValueError(f"{source}: [grading].sandbox must be one of {', '.join(SANDBOX_MODES)}, "
                          f"got {out['sandbox']!r}")
+    for folder in out.get("runtimes", ()):
+        if not isinstance(folder, str) or not os.path.isabs(folder) or not os.path.isdir(folder):
+            raise ValueError(f"{source}: [grading].runtimes must list absolute paths of folders on this machine "
+                             f"(a runtime's install folder, e.g. \"/opt/node-v22\"), got {folder!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

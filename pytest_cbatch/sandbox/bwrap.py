@@ -50,8 +50,12 @@ class Confinement:
     copy_from: str | None           # where the child copies its submission from, or None (already in ``work``)
 
 
-def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: Sequence[str]) -> Confinement:
+def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: Sequence[str],
+            runtimes: Sequence[str] = ()) -> Confinement:
     """The bubblewrap prefix for a child whose host-side folder is ``host_dir`` (submission copy at ``work``).
+
+    ``runtimes``: folders of language runtimes outside ``/usr`` (a rubric's ``[grading] runtimes``),
+    bound read-only at their own paths like the Python installation.
 
     As root, ``host_dir`` is handed to the unprivileged user and aliases of the
     bind sources are made under it in a private mount namespace of the
@@ -70,7 +74,7 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev"]
-    roots = _python_roots(modules)
+    roots = _python_roots(modules, runtimes)
     # /tmp is the private home, unless the Python installation lives under it (a virtual environment in
     # /tmp): then /tmp is a tmpfs of its own, made first, and that installation is bound into it.
     tmp_roots = any(_inside(root, "/tmp") for root in roots)
@@ -103,12 +107,13 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
                        inside_submission if has_folder else None)
 
 
-def _python_roots(modules: Sequence[str]) -> list[str]:
-    """The Python installation (its prefixes and site packages), the kit's code and the named modules' folders.
+def _python_roots(modules: Sequence[str], runtimes: Sequence[str] = ()) -> list[str]:
+    """The Python installation (its prefixes and site packages), the kit's code, the named modules' folders
+    and the runtimes' folders.
 
     Outermost only, and none under /usr (bound whole anyway).
     """
-    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
+    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *runtimes}
     found.update(p for p in site.getsitepackages() if os.path.isdir(p))
     for name in (*_KIT_PACKAGES, *_module_prefixes(modules)):
         try:

@@ -297,6 +297,10 @@ class Server:
             return {"unsupported": f"NotImplementedError: {exc}"}
         except MemoryError as exc:
             return {"memory": f"MemoryError: {exc}"}
+        except Exception as exc:
+            if getattr(exc, "cbatch_broken", False):   # a program's output that is no report (sandbox.program)
+                return {"broken": str(exc)[:2000]}
+            raise
         reply: dict[str, Any] = {"ok": json.loads(json.dumps(report, default=_json_default))}
         if json.dumps([trace, config], sort_keys=True, default=_json_default) != before:
             reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
@@ -380,7 +384,16 @@ def _load_file(path: str) -> Any:
 
 
 def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Import the submission; return its namespace (name -> object) and the description for the parent."""
+    """Import the submission; return its namespace (name -> object) and the description for the parent.
+
+    A submission that is a program (``command``: its argv) offers ``simulate`` only, as runs of it.
+    """
+    if spec.get("command"):
+        program = _kit_module("program", spec.get("folder")).Program(spec["command"], spec["folder"],
+                                                                     spec["output_bytes"])
+        label = "program: " + " ".join(spec["command"])
+        return {"simulate": program}, {"parts": [], "sources": {"simulate": label},
+                                       "simulate": {"accepted": [], "open": True}}
     if spec.get("folder"):
         sys.path.insert(0, spec["folder"])
     modules = [(os.path.basename(p), _load_file(p)) for p in spec.get("files", [])]
@@ -411,16 +424,21 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _mirror_module(folder: str | None) -> Any:
-    """The kit's ``mirror_child`` (and its lifecycle machines), imported from the environment only: the
-    submission's folder is off ``sys.path`` meanwhile, so none of its files can stand in for them."""
+    """The kit's ``mirror_child`` and its lifecycle machines (see ``_kit_module``)."""
+    mirror_child = _kit_module("mirror_child", folder)
+    _kit_module("lifecycle", folder, package="pytest_cbatch")
+    return mirror_child
+
+
+def _kit_module(name: str, folder: str | None, package: str = "pytest_cbatch.sandbox") -> Any:
+    """The kit's module ``package.name``, imported from the environment only: the submission's folder is off
+    ``sys.path`` meanwhile, so none of its files can stand in for it."""
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if p not in (folder, "", ".")]
     try:
-        from pytest_cbatch.sandbox import mirror_child
-        import pytest_cbatch.lifecycle  # noqa: F401
+        return importlib.import_module(f"{package}.{name}")
     finally:
         sys.path[:] = saved
-    return mirror_child
 
 
 def _apply_limits(limits: dict[str, list[int]]) -> None:

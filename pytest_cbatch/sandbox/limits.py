@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-__all__ = ["Limits", "child_environment"]
+__all__ = ["Limits", "child_environment", "sandbox_path"]
 
 _MIB = 1 << 20
 
@@ -74,10 +74,20 @@ class Limits:
                 f"{self.processes} processes, {self.file_mb} MiB per file, {self.output_kb} KiB of output")
 
 
-def child_environment(home: str) -> dict[str, str]:
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""Where the child finds programs: the system's, under ``/usr`` (all the sandbox shows of the system)."""
+
+
+def sandbox_path(runtimes: tuple[str, ...] = ()) -> str:
+    """The child's PATH: each runtime's ``bin`` folder (or the runtime folder itself), then the system's."""
+    first = [os.path.join(r, "bin") if os.path.isdir(os.path.join(r, "bin")) else r for r in runtimes]
+    return ":".join([*first, SYSTEM_PATH])
+
+
+def child_environment(home: str, runtimes: tuple[str, ...] = ()) -> dict[str, str]:
     """A minimal environment: no variable of the grader's (tokens, paths to hidden traces) reaches the child."""
     return {
-        "PATH": os.defpath,
+        "PATH": sandbox_path(runtimes),
         "HOME": home,
         "TMPDIR": home,
         "LANG": "C.UTF-8",

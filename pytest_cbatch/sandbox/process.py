@@ -83,6 +83,7 @@ class LoadSpec:
     files: tuple[str, ...] = ()        # file names inside ``folder``, imported in this order
     modules: tuple[str, ...] = ()      # importable module names
     attr: str | None = None            # attribute path on the first module
+    command: tuple[str, ...] = ()      # a program's argv instead (its manifest's exec; see ``program``)
 
 
 @dataclass
@@ -109,12 +110,15 @@ class _Output:
 class Sandbox:
     """A restartable child process running one submission; see the module docstring."""
 
-    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto") -> None:
+    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto",
+                 runtimes: tuple[str, ...] = ()) -> None:
         """``mode``: ``auto``, ``bwrap`` or ``process`` (see ``bwrap.resolve_mode``; ValueError if bwrap is
-        required and cannot run); ``self.mode`` is the one in use."""
+        required and cannot run); ``self.mode`` is the one in use.  ``runtimes``: folders of language
+        runtimes the child may use besides ``/usr`` (bound read-only; their ``bin`` first on its PATH)."""
         self.load = load
         self.limits = limits
         self.label = label
+        self.runtimes = runtimes
         self.mode, notice = resolve_mode(mode)
         if notice:
             _announce(notice)
@@ -193,19 +197,21 @@ class Sandbox:
             copied = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(work) for f in fs
                          if not os.path.islink(os.path.join(r, f)))
             tmpfs_mb = 4 * self.limits.file_mb + (copied >> 20) + 1
-            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules)
+            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules, self.runtimes)
             work, home = confinement.work, confinement.home
         config = {
             **fds, "limits": self.limits.rlimits(), "home": home,
             "copy_from": confinement.copy_from if confinement else None,
             "load": {"folder": work if self.load.folder else None,
                      "files": [os.path.join(work, f) for f in self.load.files],
-                     "modules": list(self.load.modules), "attr": self.load.attr},
+                     "modules": list(self.load.modules), "attr": self.load.attr,
+                     "command": list(self.load.command), "output_bytes": self.limits.reply_mb << 20},
         }
         argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
+        env = child_environment(home, self.runtimes)
         if confinement is None:
-            return argv, None, work, child_environment(home)
-        return [*confinement.prefix, *argv], confinement.preexec, "/", child_environment(home)
+            return argv, None, work, env
+        return [*confinement.prefix, *argv], confinement.preexec, "/", env
 
     def alive(self) -> bool:
         """Whether the child is running (its objects still exist)."""

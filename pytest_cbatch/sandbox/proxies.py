@@ -101,6 +101,8 @@ class _RemoteSimulate:
                                f"{self.sandbox.limits.memory_mb} MiB)")
         if "exited" in reply:
             raise BrokenOutput(f"{self.sandbox.label} called sys.exit({reply['exited']!r}) instead of returning")
+        if "broken" in reply:
+            raise BrokenOutput(f"{self.sandbox.label}: {str(reply['broken'])[:2000]}")
         if "raised" in reply:
             raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}")
         if "ok" not in reply:
@@ -118,12 +120,13 @@ class IsolatedImplementation(Implementation):
     unsupported_reason = PythonImplementation.unsupported_reason
 
     def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
-                 mode: str = "auto") -> None:
-        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``)."""
+                 mode: str = "auto", runtimes: tuple[str, ...] = ()) -> None:
+        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``);
+        ``runtimes``: language runtimes' folders the child may use besides ``/usr`` (see ``Sandbox``)."""
         self.spec = spec
         self.limits = limits
         try:
-            self.sandbox = Sandbox(load, limits, label, mode)
+            self.sandbox = Sandbox(load, limits, label, mode, runtimes)
         except ValueError as exc:
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
