@@ -153,10 +153,10 @@ def check_feasible(ray: Any, resources: dict[str, Any]) -> None:
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     need_cpu, need_memory = resources["num_cpus"], resources["memory"]
     if not any(r.get("CPU", 0) >= need_cpu and r.get("memory", 0) >= need_memory for r in nodes):
-        largest = max((r.get("memory", 0) for r in nodes), default=0)
+        largest = max((r.get("memory", 0) for r in nodes if r.get("CPU", 0) >= need_cpu), default=0)
         raise ValueError(f"no node of the Ray cluster can run a submission's task: each asks for {need_cpu} CPU and "
                          f"{need_memory >> 20} MiB (the rubric's [limits] memory_mb + {GRADER_MEMORY_MB} MiB for the "
-                         f"grader); the largest node offers {largest >> 20} MiB")
+                         f"grader); the largest node with a CPU offers {int(largest) >> 20} MiB")
 
 
 def place(out_dir: Path, name: str, returned: object) -> SubmissionResult:
