@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from ..sandbox.files import link_refusal
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .plan import Plan, build_plan
 from .results import SubmissionResult, TestResult, write_json, write_summary
@@ -42,15 +43,27 @@ GRADESCOPE_ROOT = "/autograder"
 
 
 def discover(folder: Path) -> list[Submission]:
-    """The submissions in ``folder``, sorted by name; ValueError when two share a name."""
+    """The submissions in ``folder``, sorted by name; ValueError when two share a name.
+
+    A submission that is a symbolic link (a ``.py`` file or a folder), or a
+    folder whose only modules are links, is listed refused (``Submission.refused``):
+    it is graded 0, saying why, and nothing is read through the link.
+    """
     found: dict[str, Submission] = {}
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_file() and entry.suffix == ".py":
+        if entry.is_symlink():
+            if entry.suffix not in (".py", ""):
+                continue
+            sub = Submission(entry.stem, str(entry), LoadSpec(str(entry)), refused=link_refusal(entry.name))
+        elif entry.is_file() and entry.suffix == ".py":
             sub = Submission(entry.stem, str(entry), _single_file(entry))
         elif entry.is_dir() and submission_files(str(entry)):
             sub = Submission(entry.name, str(entry), LoadSpec(str(entry), submission_files(str(entry))))
+        elif entry.is_dir() and _linked_modules(entry):
+            sub = Submission(entry.name, str(entry), LoadSpec(str(entry)),
+                             refused=link_refusal(", ".join(_linked_modules(entry))))
         else:
             continue
         if sub.name in found:
@@ -59,15 +72,25 @@ def discover(folder: Path) -> list[Submission]:
     return list(found.values())
 
 
+def _linked_modules(folder: Path) -> list[str]:
+    """The ``.py`` entries of ``folder`` that are symbolic links (a folder of nothing else is refused)."""
+    return sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_symlink())
+
+
 def _single_file(path: Path) -> LoadSpec:
     """A one-file submission is copied alone, so it cannot read the other students' files beside it."""
     return LoadSpec(str(path), (path.name,))
 
 
 def gradescope_submission(root: Path) -> Submission:
-    """The single submission Gradescope unpacks in ``root/submission``."""
+    """The single submission Gradescope unpacks in ``root/submission`` (refused when it is a link)."""
     folder = root / "submission"
+    if folder.is_symlink():
+        return Submission("submission", str(folder), LoadSpec(str(folder)), refused=link_refusal(folder.name))
     files = submission_files(str(folder)) if folder.is_dir() else ()
+    if not files and folder.is_dir() and _linked_modules(folder):
+        return Submission("submission", str(folder), LoadSpec(str(folder)),
+                          refused=link_refusal(", ".join(_linked_modules(folder))))
     if not files:
         raise ValueError(f"{folder}: no .py file to grade")
     return Submission("submission", str(folder), LoadSpec(str(folder), files))

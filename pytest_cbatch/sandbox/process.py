@@ -32,13 +32,12 @@ from typing import Any
 
 from ..bounded import CallTimedOut
 from .bwrap import Confinement, confine, resolve_mode
+from .files import SubmissionRefused, copy_submission
 from .limits import Limits, child_environment
 
 __all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
 
 CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
-_COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
-_MAX_COPY_BYTES = 64 << 20
 _PIPE_BYTES = 1 << 20  # the child's reply pipe (Linux allows this much by default)
 _OUTPUT_KEPT = 4096  # bytes of the child's output kept for messages
 _SIGNALS = {
@@ -121,6 +120,7 @@ class Sandbox:
         self.generation = 0          # bumped on every start, so stale handles are recognised
         self.description: dict[str, Any] | None = None
         self.seconds_used = 0.0
+        self.left_out: list[str] = []  # what the copy left out (links, FIFOs, ...): see ``files``
         self._failures: dict[str, list[str]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
@@ -146,7 +146,10 @@ class Sandbox:
         work, home = os.path.join(self._dir, "work"), os.path.join(self._dir, "home")
         os.mkdir(home)
         if self.load.folder:
-            _copy_submission(self.load.folder, work)
+            try:
+                self.left_out = copy_submission(self.load.folder, work, self.load.files)
+            except SubmissionRefused as exc:
+                raise SandboxFailure("load", f"the {self.label} is refused: {exc}") from None
         else:
             os.mkdir(work)
         p2c_r, p2c_w = os.pipe()
@@ -414,16 +417,3 @@ def _widen(fd: int) -> None:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ"), _PIPE_BYTES)
     except (AttributeError, OSError):  # another system, or a lower pipe-max-size: the default size works
         pass
-
-
-def _copy_submission(source: str, target: str) -> None:
-    if os.path.isfile(source):  # a one-file submission travels alone
-        os.mkdir(target)
-        shutil.copy2(source, target)
-        return
-    total = 0
-    for root, _dirs, files in os.walk(source):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if not os.path.islink(os.path.join(root, f)))
-        if total > _MAX_COPY_BYTES:
-            raise SandboxFailure("load", f"the submission folder holds more than {_MAX_COPY_BYTES >> 20} MiB")
-    shutil.copytree(source, target, ignore=_COPY_IGNORE, symlinks=True)

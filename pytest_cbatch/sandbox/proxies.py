@@ -189,9 +189,14 @@ def load_spec_for(spec: str, *, rootdir: str | None = None) -> LoadSpec:
 
 
 def submission_files(folder: str) -> tuple[str, ...]:
-    """The module files of a submission folder, in the order their names are looked up."""
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and os.path.isfile(os.path.join(folder, n)))
+    """The module files of a submission folder, in the order their names are looked up: regular files only,
+    never a link (see ``files``)."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and _regular(os.path.join(folder, n)))
     preferred = [n for n in _PRIORITY if n in names]
     if preferred:
         return tuple(preferred)
     return tuple(n for n in names if not n.startswith(_NOT_SUBMISSION))
+
+
+def _regular(path: str) -> bool:
+    return os.path.isfile(path) and not os.path.islink(path)

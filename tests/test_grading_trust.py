@@ -1,0 +1,272 @@
+"""What grading believes of a submission: its regular files, nothing through a link, and hidden data kept hidden.
+
+Each test grades a hostile submission of its own and shows the attack it
+makes failing; where the attack needs the grader to be otherwise, the test
+also shows it working that way (so the test can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+import pytest_cbatch.reference.scheduler_faults as reference_faults
+import pytest_cbatch.reference.scheduler_sim as reference_sim
+from pytest_cbatch.grading.driver import discover, gradescope_submission
+from pytest_cbatch.grading.evaluate import Submission, grade_implementation, grade_submission
+from pytest_cbatch.grading.plan import build_plan
+from pytest_cbatch.grading.results import write_summary
+from pytest_cbatch.grading.rubric import load_rubric
+from pytest_cbatch.impls import ImplementationError
+from pytest_cbatch.sandbox import IsolatedImplementation, LoadSpec, load_spec_for, submission_files
+from pytest_cbatch.sandbox.files import SubmissionRefused, copy_submission
+
+TOKEN = "SECRET_TOKEN_4242"
+MARK = "zq-secret"
+
+
+def _published(folder: Path, overlay: str = "") -> Path:
+    """A submission folder in the published layout: the reference's two files (a correct scheduler), with
+    ``overlay`` appended to scheduler_sim.py."""
+    folder.mkdir(parents=True)
+    (folder / "scheduler_sim.py").write_text(Path(reference_sim.__file__).read_text(encoding="utf-8") + overlay,
+                                             encoding="utf-8")
+    (folder / "scheduler_faults.py").write_text(Path(reference_faults.__file__).read_text(encoding="utf-8"),
+                                                encoding="utf-8")
+    return folder
+
+
+def _rubric(tmp_path: Path, grading: str = "", hidden: str = ""):
+    path = tmp_path / "rubric.toml"
+    path.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 2\nnumerics = "off"\n' + grading
+                    + '[limits]\ncall_seconds = 120\n' + hidden
+                    + '[tests]\n"contract.*" = { points = 1 }\n"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
+    return load_rubric(path)
+
+
+def _secret(tmp_path: Path) -> Path:
+    """A file outside every submission (on a grading server: root's), holding a token that is valid Python."""
+    secret = tmp_path / "private" / "token.py"
+    secret.parent.mkdir()
+    secret.write_text(f"{TOKEN}\n", encoding="utf-8")
+    secret.chmod(0o600)
+    return secret
+
+
+def _everything(out: Path) -> str:
+    return "\n".join(p.read_text(encoding="utf-8", errors="replace") for p in sorted(out.rglob("*")) if p.is_file())
+
+
+# ------------------------------------------------------------------- links
+
+
+def test_a_single_file_submission_that_is_a_link_is_refused_and_nothing_is_read_through_it(tmp_path: Path) -> None:
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "mallory.py").symlink_to(_secret(tmp_path))
+    (folder / "linked_folder").symlink_to(tmp_path / "private")
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n')
+    plan = build_plan(rubric)
+    subs = {s.name: s for s in discover(folder)}
+    assert set(subs) == {"mallory", "linked_folder"}
+    out = tmp_path / "out"
+    results = []
+    for sub in subs.values():
+        assert sub.refused and "symbolic link" in sub.refused
+        (out / sub.name).mkdir(parents=True)
+        results.append(grade_submission(sub, rubric, plan, out / sub.name, "process"))
+    write_summary(out / "summary.csv", results)
+    for result in results:
+        assert result.score == 0 and result.max_score > 0
+        assert all(t.output.startswith("not judged: the submission is refused: ") for t in result.tests)
+        assert "is a symbolic link; a submission is files, not links" in result.tests[0].output
+    text = "\n".join(json.dumps(r.gradescope()) for r in results) + (out / "summary.csv").read_text()
+    assert TOKEN not in text and "symbolic link" in (out / "summary.csv").read_text()
+
+
+def test_a_link_given_straight_to_the_sandbox_is_refused(tmp_path: Path) -> None:
+    link = tmp_path / "scheduler_sim.py"
+    link.symlink_to(_secret(tmp_path))
+    with pytest.raises(ImplementationError, match="symbolic link") as caught:
+        IsolatedImplementation("x", LoadSpec(str(link), ("scheduler_sim.py",)), _rubric(tmp_path).limits,
+                               mode="process")
+    assert TOKEN not in str(caught.value)
+
+
+def test_a_folder_whose_module_is_a_link_is_refused(tmp_path: Path) -> None:
+    folder = tmp_path / "submissions" / "mallory"
+    folder.mkdir(parents=True)
+    (folder / "scheduler_sim.py").symlink_to(_secret(tmp_path))
+    assert submission_files(str(folder)) == ()
+    (sub,) = discover(folder.parent)
+    assert sub.refused and "scheduler_sim.py is a symbolic link" in sub.refused
+    # under pytest --cbatch-isolate the same file is named outright: refused, not followed
+    with pytest.raises(SubmissionRefused, match="scheduler_sim.py is a symbolic link"):
+        copy_submission(str(folder), str(tmp_path / "copy"), ("scheduler_sim.py",))
+    spec = load_spec_for(str(folder / "scheduler_sim.py"))
+    with pytest.raises(ImplementationError, match="symbolic link") as caught:
+        IsolatedImplementation("x", spec, _rubric(tmp_path).limits, mode="process")
+    assert TOKEN not in str(caught.value)
+
+
+def test_gradescope_refuses_a_submission_folder_that_is_a_link(tmp_path: Path) -> None:
+    (tmp_path / "root").mkdir()
+    _published(tmp_path / "elsewhere")
+    (tmp_path / "root" / "submission").symlink_to(tmp_path / "elsewhere")
+    sub = gradescope_submission(tmp_path / "root")
+    assert sub.refused and "symbolic link" in sub.refused
+
+
+LINK_READER = '''
+def simulate(events, **config):
+    import os
+    found = []
+    for name in ("outside.txt", "chain.txt", "inside.py", "folder_link/token.py", "sub/up.txt"):
+        try:
+            with open(name, encoding="utf-8") as fh:
+                found.append(name + ": " + fh.read())
+        except OSError:
+            pass
+    if found:
+        raise ValueError("READ " + " | ".join(found))
+    return _published_simulate(events, **config)
+'''
+
+
+def test_links_inside_a_folder_are_left_out_of_the_copy_and_named(tmp_path: Path) -> None:
+    secret = _secret(tmp_path)
+    folder = _published(tmp_path / "mallory", "\n_published_simulate = simulate\n" + LINK_READER)
+    (folder / "outside.txt").symlink_to(secret)                      # a file outside the submission
+    (folder / "step.txt").symlink_to(secret)
+    (folder / "chain.txt").symlink_to(folder / "step.txt")           # a chain of links
+    (folder / "inside.py").symlink_to(folder / "scheduler_sim.py")   # a link that points back inside
+    (folder / "folder_link").symlink_to(secret.parent)               # a folder outside
+    (folder / "sub").mkdir()
+    (folder / "sub" / "up.txt").symlink_to("../outside.txt")         # relative, through another link
+    (folder / "fifo").mkdir()
+    os.mkfifo(folder / "fifo" / "pipe")                              # a FIFO: opening it would block
+    copied = tmp_path / "copy"
+    left_out = copy_submission(str(folder), str(copied), submission_files(str(folder)))
+    assert sorted(left_out) == sorted(["chain.txt (a symbolic link)", "folder_link (a symbolic link)",
+                                       "inside.py (a symbolic link)", "outside.txt (a symbolic link)",
+                                       "step.txt (a symbolic link)", "sub/up.txt (a symbolic link)",
+                                       "fifo/pipe (not a regular file)"])
+    assert not any(p.is_symlink() for p in copied.rglob("*"))
+    assert sorted(p.name for p in copied.iterdir()) == ["fifo", "scheduler_faults.py", "scheduler_sim.py", "sub"]
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    sub = Submission("mallory", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
+    result = grade_submission(sub, rubric, build_plan(rubric), out, "process")
+    assert result.score == result.max_score, [t.output for t in result.tests if not t.passed][:1]
+    assert TOKEN not in json.dumps(result.gradescope())
+    assert "left out of the copy: " in result.output and "outside.txt (a symbolic link)" in result.output
+    assert any("outside.txt" in flag for flag in result.extra["flags"])
+
+
+# ------------------------------------------------------------ hidden traces
+
+REMEMBERS = '''
+import json as _json
+
+_published_simulate = simulate
+_seen = []
+
+
+def _leak():
+    if _seen:
+        print("LEAK", _json.dumps(_seen[-1]))
+        raise ValueError("LEAK " + _json.dumps(_seen[-1]))
+
+
+def simulate(events, **config):
+    if any("zq-secret" in str(e.get("id")) for e in events):
+        _seen.append([events, config])
+    else:
+        _leak()
+    return _published_simulate(events, **config)
+
+
+_PublishedKV = PagedKV
+
+
+class PagedKV(_PublishedKV):
+    def __init__(self, *args, **kwargs):
+        _leak()
+        super().__init__(*args, **kwargs)
+'''
+
+
+def _hidden_folder(tmp_path: Path) -> Path:
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    lines = [{"config": {"capacity": 7, "block_size": 2, "token_budget": 3}},
+             {"time": 0, "event": "arrival", "id": f"{MARK}-1", "prompt_tokens": 3, "output_tokens": 2},
+             {"time": 1, "event": "arrival", "id": f"{MARK}-2", "prompt_tokens": 2, "output_tokens": 1}]
+    (hidden / "secret_workload.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines),
+                                                  encoding="utf-8")
+    return hidden
+
+
+def _student_visible(result, out: Path) -> str:
+    """Everything of ``result`` a student sees: the visible tests, the top-level output, the files beside
+    results.json that a failure tells them to fetch (all but the instructor's hidden-failures.txt)."""
+    doc = result.gradescope()
+    seen = [doc["output"]] + [json.dumps(t) for t in doc["tests"] if t["visibility"] == "visible"]
+    seen += [p.read_text(encoding="utf-8") for p in out.iterdir() if p.name != "hidden-failures.txt"]
+    return "\n".join(seen)
+
+
+def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output(tmp_path: Path) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler", "lifecycle"]\n',
+                     f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
+    plan = build_plan(rubric)
+    assert plan.counts()["hidden"] == 1
+    folder = _published(tmp_path / "remembers", REMEMBERS)
+    sub = Submission("remembers", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
+    # The attack works when the hidden workloads run in the child that answers the visible tests:
+    out = tmp_path / "shared-child"
+    out.mkdir()
+    impl = IsolatedImplementation("remembers", sub.load, rubric.limits, mode="process")
+    try:
+        shared = grade_implementation(impl, "remembers", rubric, plan, out)
+    finally:
+        impl.close()
+    assert MARK in _student_visible(shared, out)
+    # Graded as a submission, the hidden workloads have a child of their own: nothing of them shows.
+    out = tmp_path / "graded"
+    out.mkdir()
+    result = grade_submission(sub, rubric, plan, out, "process")
+    visible = _student_visible(result, out)
+    assert MARK not in visible and '"capacity": 7' not in visible
+    assert result.score == result.max_score, [t.output for t in result.tests if not t.passed][:1]
+    passed = next(t for t in result.tests if t.name == "contract.completes")
+    assert "none of the 1 hidden workloads failed it" in passed.output
+
+
+FAILS_HIDDEN = '''
+_published_simulate = simulate
+
+
+def simulate(events, **config):
+    if any("zq-secret" in str(e.get("id")) for e in events):
+        print("HIDDEN", events)
+        raise KeyError("HIDDEN " + repr(events) + repr(config))
+    return _published_simulate(events, **config)
+'''
+
+
+def test_a_failure_on_a_hidden_workload_goes_to_the_instructor_only(tmp_path: Path) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n', f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
+    folder = _published(tmp_path / "fails_hidden", FAILS_HIDDEN)
+    sub = Submission("fails_hidden", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = grade_submission(sub, rubric, build_plan(rubric), out, "process")
+    completes = next(t for t in result.tests if t.name == "contract.completes")
+    assert not completes.passed and "failed on hidden workloads (which and how many is withheld)" in completes.output
+    assert MARK not in _student_visible(result, out)
+    assert MARK in (out / "hidden-failures.txt").read_text(encoding="utf-8")
