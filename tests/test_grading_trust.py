@@ -270,3 +270,84 @@ def test_a_failure_on_a_hidden_workload_goes_to_the_instructor_only(tmp_path: Pa
     assert not completes.passed and "failed on hidden workloads (which and how many is withheld)" in completes.output
     assert MARK not in _student_visible(result, out)
     assert MARK in (out / "hidden-failures.txt").read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------- the kit's own code
+
+CHEAT = {
+    "scheduler_sim.py": "from pytest_cbatch.reference.scheduler_sim import *\n",
+    "scheduler_faults.py": "from pytest_cbatch.reference.scheduler_faults import *\n",
+}
+DODGES = {
+    "computed_name": ("import importlib\n_m = importlib.import_module('pytest_cbatch.' + 'refer' + 'ence.scheduler_sim')\n"
+                      "simulate = _m.simulate\n", 2),
+    "dunder_import": ("_m = __import__('pytest_cbatch.reference.scheduler_sim', fromlist=['simulate'])\n"
+                      "simulate = _m.simulate\n", 1),
+    "reads_and_execs": ("import os, pytest_cbatch\n_ns = {'__name__': 'x'}\n"
+                        "for _p in (os.path.join(os.path.dirname(pytest_cbatch.__file__), 'reference', 'scheduler_sim.py'),\n"
+                        "           os.path.join(os.path.dirname(pytest_cbatch.__file__), '..', 'reference', 'scheduler_sim.py')):\n"
+                        "    try:\n        exec(open(_p).read(), _ns)\n    except OSError:\n        pass\n"
+                        "simulate = _ns.get('simulate')\n", 6),
+    "removes_the_watch": ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'Watch']\n"
+                          "import importlib\n_m = importlib.import_module('pytest_cbatch.reference.scheduler_sim')\n"
+                          "simulate = _m.simulate\n", 4),
+    "catches_and_waits": ("def simulate(events, **config):\n    try:\n        import pytest_cbatch.lifecycle.oracle\n"
+                          "    except ImportError:\n        pass\n    raise ValueError('nothing to run')\n", 3),
+}
+
+
+def _grade_folder(tmp_path: Path, name: str, files: dict[str, str], rubric, mode: str = "process"):
+    folder = tmp_path / "subs" / name
+    folder.mkdir(parents=True)
+    for file, text in files.items():
+        (folder / file).write_text(text, encoding="utf-8")
+    out = tmp_path / "out" / name
+    out.mkdir(parents=True)
+    sub = Submission(name, str(folder), LoadSpec(str(folder), submission_files(str(folder))))
+    return grade_submission(sub, rubric, build_plan(rubric), out, mode)
+
+
+@pytest.mark.parametrize("mode", ["process", "auto"])
+def test_a_submission_that_only_imports_the_reference_is_refused_and_flagged(tmp_path: Path, mode: str) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler", "lifecycle"]\n')
+    result = _grade_folder(tmp_path, "cheat", CHEAT, rubric, mode)
+    assert result.score == 0 and result.max_score > 0
+    use = "scheduler_sim.py line 1 imports pytest_cbatch.reference.scheduler_sim"
+    assert all(t.output.startswith("not judged: the submission is refused: it uses the kit's own code")
+               and use in t.output for t in result.tests), result.tests[0].output
+    write_summary(tmp_path / "summary.csv", [result])
+    assert f"uses the kit's code: {use}" in (tmp_path / "summary.csv").read_text(encoding="utf-8")
+    allowed = _rubric(tmp_path, 'parts = ["scheduler", "lifecycle"]\nkit_imports = "allow"\n')
+    graded = _grade_folder(tmp_path / "allowed", "cheat", CHEAT, allowed, mode)
+    assert graded.score == graded.max_score and f"uses the kit's code (allowed by the rubric): {use}" in \
+        graded.extra["flags"]
+
+
+@pytest.mark.parametrize("dodge", sorted(DODGES))
+def test_a_dodged_import_of_the_kit_is_caught_with_the_submissions_file_and_line(tmp_path: Path, dodge: str) -> None:
+    source, line = DODGES[dodge]
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n')
+    result = _grade_folder(tmp_path, dodge, {"scheduler_sim.py": source}, rubric)
+    assert result.score == 0
+    assert f"scheduler_sim.py line {line} " in result.tests[0].output, result.tests[0].output
+    assert "uses the kit's code: scheduler_sim.py" in "; ".join(result.extra["flags"])
+
+
+def test_in_bubblewrap_the_reference_is_not_there_unless_the_rubric_allows_it(tmp_path: Path) -> None:
+    from pytest_cbatch.sandbox import bwrap_problem
+    from pytest_cbatch.sandbox.guard import KitGuard
+
+    if bwrap_problem():
+        pytest.skip(f"bubblewrap cannot run here: {bwrap_problem()}")
+    folder = Path(reference_sim.__file__).parent
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"import os\n\ndef simulate(events, **config):\n    raise ValueError(str(os.listdir({str(folder)!r})))\n",
+                     encoding="utf-8")
+    for refuse, visible in ((True, False), (False, True)):
+        impl = IsolatedImplementation("probe", LoadSpec(str(probe), ("probe.py",)), _rubric(tmp_path).limits,
+                                      mode="bwrap", guard=KitGuard(refuse=refuse))
+        try:
+            outcome = impl.run([], {})
+        finally:
+            impl.close()
+        assert ("scheduler_sim.py" in (outcome.refused or "")) is visible, outcome.refused

@@ -23,7 +23,7 @@ from typing import Any
 from ..explain import explain_failure, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
-from ..sandbox import IsolatedImplementation, LoadSpec
+from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
@@ -65,9 +65,12 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
              f"({rubric.limits.describe()})", plan.generation]
     if submission.refused is not None:
         return _refuse(submission.name, rubric, notes, start, submission.refused, [submission.refused])
+    guard = KitGuard(refuse=rubric.kit_imports == "refuse")
     try:
-        impl = _isolated(submission, rubric, sandbox)
+        impl = _isolated(submission, rubric, sandbox, guard)
     except ImplementationError as exc:
+        if guard.found:
+            return _kit_used(submission.name, rubric, notes, start, guard, [])
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
         return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
@@ -78,20 +81,34 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     hidden: Implementation | None = None
     try:
         if "scheduler" in rubric.parts and plan.counts()["hidden"] and not plan.hidden_visible:
-            hidden = _hidden_child(submission, rubric, sandbox)
+            hidden = _hidden_child(submission, rubric, sandbox, guard)
         result = grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start, hidden=hidden)
     finally:
         impl.close()
         if hidden is not None:
             hidden.close()
+    if guard.found and guard.refuse:
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
+    flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
     if flags:
         result.extra["flags"] = flags
     return result
 
 
-def _isolated(submission: Submission, rubric: Rubric, sandbox: str, role: str = "") -> IsolatedImplementation:
+def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard,
+              role: str = "") -> IsolatedImplementation:
     return IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                  label=f"submission {submission.name!r}{role}", mode=sandbox)
+                                  label=f"submission {submission.name!r}{role}", mode=sandbox, guard=guard)
+
+
+def _kit_used(name: str, rubric: Rubric, notes: list[str], start: float, guard: KitGuard,
+              flags: list[str]) -> SubmissionResult:
+    """Every test 0: the submission used the kit's code, which the rubric refuses (``kit_imports``)."""
+    uses = guard.uses()
+    reason = (f"it uses the kit's own code, and the kit is what judges it (the reference is not a submission): "
+              f"{'; '.join(uses)}. Remove that use and submit again; a course that allows it sets [grading] "
+              f"kit_imports = \"allow\" in the rubric")
+    return _refuse(name, rubric, notes, start, reason, flags + [f"uses the kit's code: {use}" for use in uses])
 
 
 class _Unavailable(Implementation):
@@ -108,7 +125,7 @@ class _Unavailable(Implementation):
         pass
 
 
-def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str) -> Implementation:
+def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard) -> Implementation:
     """The submission once more, in a child of its own that runs only the hidden workloads.
 
     That child never answers a visible test, so nothing it saw (a hidden trace
@@ -116,7 +133,7 @@ def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str) -> Imple
     a later visible call; its messages go only to hidden-failures.txt.
     """
     try:
-        return _isolated(submission, rubric, sandbox, " (hidden workloads)")
+        return _isolated(submission, rubric, sandbox, guard, " (hidden workloads)")
     except ImplementationError as exc:
         return _Unavailable(submission.name, f"the child for the hidden workloads could not start: {exc}")
 

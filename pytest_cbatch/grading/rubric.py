@@ -12,6 +12,7 @@ shipped ``default_rubric.toml``)::
     numerics_dtypes = ["float64"]
     parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
+    kit_imports = "refuse"     # a submission that uses the kit's code (its reference) scores 0; "allow": graded
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -56,7 +57,8 @@ __all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str,
+                 "kit_imports": str}
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class Rubric:
     numerics_dtypes: tuple[str, ...] = ("float64",)
     parts: tuple[str, ...] = PARTS
     sandbox: str = "auto"
+    kit_imports: str = "refuse"  # "allow": a submission may use the kit's code (still flagged in summary.csv)
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -144,6 +147,8 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if out.get("sandbox", "auto") not in SANDBOX_MODES:
         raise ValueError(f"{source}: [grading].sandbox must be one of {', '.join(SANDBOX_MODES)}, "
                          f"got {out['sandbox']!r}")
+    if out.get("kit_imports", "refuse") not in ("refuse", "allow"):
+        raise ValueError(f"{source}: [grading].kit_imports must be \"refuse\" or \"allow\", got {out['kit_imports']!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

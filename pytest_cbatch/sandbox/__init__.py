@@ -11,12 +11,13 @@ record as the two sides write and read it) and ``bwrap``
 """
 
 from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode
+from .guard import KitGuard
 from .limits import Limits
 from .mirror import MirrorDiverged, lifecycle_verdicts_of, mirrored
 from .process import LoadSpec, NotContained, Sandbox, SandboxFailure
 from .proxies import IsolatedImplementation, load_spec_for, submission_files
 from .remote import RemoteObject
 
-__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "Limits", "LoadSpec", "MirrorDiverged", "NotContained",
+__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "KitGuard", "Limits", "LoadSpec", "MirrorDiverged", "NotContained",
            "RemoteObject", "Sandbox", "SandboxFailure", "bwrap_problem", "lifecycle_verdicts_of", "load_spec_for",
            "mirrored", "resolve_mode", "submission_files"]

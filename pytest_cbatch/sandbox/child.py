@@ -12,7 +12,9 @@ CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
 load folder, which becomes the working directory) and ``load``: ``folder`` (put first
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
-module, or null).  The first reply describes what was found.
+module, or null); ``guard`` (optional): the kit guard's settings (see
+``guard``), whose reports are lines ``{"kit": {...}}`` written as they happen.
+The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
 one reply line (a ``mirror`` request first writes a line per step it starts,
@@ -423,6 +425,17 @@ def _mirror_module(folder: str | None) -> Any:
     return mirror_child
 
 
+def _guard_module() -> Any:
+    """``guard`` (standard library only), loaded by path: nothing of the kit is imported for it."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
+    spec = importlib.util.spec_from_file_location("_cbatch_guard", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _apply_limits(limits: dict[str, list[int]]) -> None:
     for name, (soft, hard) in limits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -455,6 +468,9 @@ def main(argv: list[str]) -> int:
 
     try:
         _prepare(config)
+        if config.get("guard"):
+            _guard_module().install(config["guard"], [p for p in (config["load"].get("folder"), config.get("copy_from"))
+                                                      if p], lambda record: send({"kit": record}))
         names, described = load(config["load"])
     except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
         tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]

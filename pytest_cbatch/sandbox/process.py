@@ -33,6 +33,7 @@ from typing import Any
 from ..bounded import CallTimedOut
 from .bwrap import Confinement, confine, resolve_mode
 from .files import SubmissionRefused, copy_submission
+from .guard import KitGuard, kit_roots
 from .limits import Limits, child_environment
 
 __all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
@@ -108,10 +109,13 @@ class _Output:
 class Sandbox:
     """A restartable child process running one submission; see the module docstring."""
 
-    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto") -> None:
+    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto",
+                 guard: KitGuard | None = None) -> None:
         """``mode``: ``auto``, ``bwrap`` or ``process`` (see ``bwrap.resolve_mode``; ValueError if bwrap is
-        required and cannot run); ``self.mode`` is the one in use."""
+        required and cannot run); ``self.mode`` is the one in use.  ``guard``: watch the submission's uses of
+        the kit's code, reported into ``guard.found`` (see ``guard``); None for no watch."""
         self.load = load
+        self.guard = guard
         self.limits = limits
         self.label = label
         self.mode, notice = resolve_mode(mode)
@@ -196,7 +200,8 @@ class Sandbox:
             copied = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(work) for f in fs
                          if not os.path.islink(os.path.join(r, f)))
             tmpfs_mb = 4 * self.limits.file_mb + (copied >> 20) + 1
-            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules)
+            reference = self.guard is None or not self.guard.refuse
+            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules, reference)
             work, home = confinement.work, confinement.home
         config = {
             **fds, "limits": self.limits.rlimits(), "home": home,
@@ -204,6 +209,7 @@ class Sandbox:
             "load": {"folder": work if self.load.folder else None,
                      "files": [os.path.join(work, f) for f in self.load.files],
                      "modules": list(self.load.modules), "attr": self.load.attr},
+            "guard": self.guard.config(kit_roots()) if self.guard is not None else None,
         }
         argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
         if confinement is None:
@@ -373,6 +379,10 @@ class Sandbox:
         if replies is None or len(replies) != len(lines) or not all(isinstance(r, dict) for r in replies):
             replies = [self._parse(line) for line in lines]  # names the first bad line
         for reply in replies:
+            if "kit" in reply and len(reply) == 1:  # the guard's report of a use of the kit, not a reply
+                if self.guard is not None:
+                    self.guard.take(reply["kit"])
+                continue
             batch = reply.get("batch")
             if batch is None:
                 self._ready.append(reply)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
 from .child import decode
 from .limits import Limits
+from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
 from .remote import Channel, RemoteNamespace, RemoteObject
 
@@ -118,12 +119,13 @@ class IsolatedImplementation(Implementation):
     unsupported_reason = PythonImplementation.unsupported_reason
 
     def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
-                 mode: str = "auto") -> None:
-        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``)."""
+                 mode: str = "auto", guard: KitGuard | None = None) -> None:
+        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``);
+        ``guard``: watch (and by default refuse) the submission's uses of the kit's code (see ``guard``)."""
         self.spec = spec
         self.limits = limits
         try:
-            self.sandbox = Sandbox(load, limits, label, mode)
+            self.sandbox = Sandbox(load, limits, label, mode, guard)
         except ValueError as exc:
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
