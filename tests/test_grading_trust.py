@@ -351,3 +351,49 @@ def test_in_bubblewrap_the_reference_is_not_there_unless_the_rubric_allows_it(tm
         finally:
             impl.close()
         assert ("scheduler_sim.py" in (outcome.refused or "")) is visible, outcome.refused
+
+
+# ------------------------------------------------------------ what a failure shows
+
+CRASHES = '''
+def _pick(config):
+    return config["admission"]
+
+
+def simulate(events, **config):
+    _pick(config)
+'''
+
+
+def test_a_sandboxed_crash_shows_the_submissions_own_traceback_relative_to_it(tmp_path: Path) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n')
+    result = _grade_folder(tmp_path, "crashes", {"scheduler_sim.py": CRASHES}, rubric)
+    completes = next(t for t in result.tests if t.name == "contract.completes")
+    assert "KeyError: 'admission'" in completes.output
+    assert 'File "scheduler_sim.py", line 3, in _pick' in completes.output, completes.output
+    assert 'File "scheduler_sim.py", line 7, in simulate' in completes.output
+    assert "child.py" not in completes.output and str(tmp_path) not in completes.output
+
+
+def test_a_load_failure_names_the_submissions_line_not_the_graders(tmp_path: Path) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n')
+    result = _grade_folder(tmp_path, "unloadable", {"scheduler_sim.py": "x = 1\nraise RuntimeError('at import')\n"},
+                           rubric)
+    text = result.tests[0].output
+    assert 'File "scheduler_sim.py", line 2, in <module>' in text and "RuntimeError: at import" in text, text
+    assert "child.py" not in text and "importlib" not in text
+
+
+SLOW_IMPORT = "import time\ntime.sleep(2.5)\n\n\ndef simulate(events, **config):\n    raise NotImplementedError\n"
+
+
+def test_the_start_up_import_has_its_own_limit_larger_than_a_calls(tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text(SLOW_IMPORT, encoding="utf-8")
+    spec = LoadSpec(str(tmp_path / "slow.py"), ("slow.py",))
+    from pytest_cbatch.sandbox import Limits
+
+    assert Limits().import_seconds > Limits().call_seconds
+    impl = IsolatedImplementation("slow", spec, Limits(call_seconds=1, import_seconds=600), mode="process")
+    impl.close()  # loaded: the import took longer than a call may
+    with pytest.raises(ImplementationError, match=r"did not finish within 1 s \(limit import_seconds\)"):
+        IsolatedImplementation("slow", spec, Limits(call_seconds=1, import_seconds=1), mode="process")

@@ -312,7 +312,8 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     if write:
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
-                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
+                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original,
+                           stack=result.stack, stopped=result.stopped)
     return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
                    f"run the replay command there)" if write else "")
 

@@ -364,10 +364,29 @@ def exited(exc: SystemExit) -> dict[str, Any]:
     return {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
 
 
-def raised(exc: BaseException) -> dict[str, Any]:
+def raised(exc: BaseException, stack: str = "") -> dict[str, Any]:
+    """The reply that says the submission raised ``exc``; ``stack``: its traceback (``own_stack``), if any."""
     base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
     message = str(exc)
-    return {"raised": {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}}
+    out = {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}
+    return {"raised": {**out, "stack": stack} if stack else out}
+
+
+def own_stack(exc: BaseException, folder: str | None) -> str:
+    """``exc``'s traceback as the student reads it: with a submission ``folder``, only the frames of its
+    files, named relative to it (no path of the grader's); else every frame but the sandbox's own."""
+    try:
+        kit = os.path.dirname(os.path.abspath(__file__)) + os.sep
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(kit)]
+        if folder:
+            root = os.path.abspath(folder) + os.sep
+            frames = [f for f in frames if os.path.isabs(f.filename) and os.path.abspath(f.filename).startswith(root)]
+            for frame in frames:
+                frame.filename = os.path.abspath(frame.filename)[len(root):]
+        lines = traceback.format_list(frames[-30:]) + traceback.format_exception_only(type(exc), exc)
+        return "".join(lines)[-4000:]
+    except Exception:  # noqa: BLE001 - an exception whose text cannot be made: its type says enough
+        return ""
 
 
 def _load_file(path: str) -> Any:
@@ -473,8 +492,7 @@ def main(argv: list[str]) -> int:
                                                       if p], lambda record: send({"kit": record}))
         names, described = load(config["load"])
     except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
-        tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]
-        send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": "".join(tail)[-3000:]})
+        send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": own_stack(exc, config["load"].get("folder"))})
         return 0
     send({"ok": described})
     server = Server(names, send_all, config["load"].get("folder"))
@@ -484,7 +502,7 @@ def main(argv: list[str]) -> int:
         except SystemExit as exc:
             reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
-            reply = raised(exc)
+            reply = raised(exc, own_stack(exc, server.folder))
         send(reply)
     return 0
 

@@ -181,7 +181,12 @@ class Sandbox:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._rpc_in, selectors.EVENT_READ, "rpc")
         self._selector.register(self._proc.stdout, selectors.EVENT_READ, "output")
-        reply = self._exchange(None)
+        try:
+            reply = self._exchange(None, max(0.0, self.limits.import_seconds - self.limits.call_seconds))
+        except SandboxTimeout as exc:
+            limit = max(self.limits.import_seconds, self.limits.call_seconds)
+            raise SandboxTimeout("timeout", f"importing the {self.label} did not finish within {limit:g} s "
+                                            f"(limit import_seconds){self._output.tail_note()}") from exc
         if "load_failed" in reply:
             self.kill()
             raise SandboxFailure("load", f"importing the {self.label} failed: {reply['load_failed']}\n"

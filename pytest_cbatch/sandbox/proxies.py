@@ -103,7 +103,9 @@ class _RemoteSimulate:
         if "exited" in reply:
             raise BrokenOutput(f"{self.sandbox.label} called sys.exit({reply['exited']!r}) instead of returning")
         if "raised" in reply:
-            raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}")
+            stack = reply["raised"].get("stack")  # the child's word: text, bounded, shown as the student's traceback
+            raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}",
+                          stack[-4000:] if isinstance(stack, str) else "")
         if "ok" not in reply:
             raise BrokenOutput(f"unexpected reply from the {self.sandbox.label}: {reply!r:.200}")
         if "trace" in reply:  # mirror the child's mutation so Implementation.run reports it
