@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -397,3 +398,39 @@ def test_the_start_up_import_has_its_own_limit_larger_than_a_calls(tmp_path: Pat
     impl.close()  # loaded: the import took longer than a call may
     with pytest.raises(ImplementationError, match=r"did not finish within 1 s \(limit import_seconds\)"):
         IsolatedImplementation("slow", spec, Limits(call_seconds=1, import_seconds=1), mode="process")
+
+
+LOOPS = '''
+def _spin(n):
+    while True:
+        n += 1
+
+
+def simulate(events, **config):
+    _spin(0)
+'''
+
+
+def test_a_call_stopped_at_its_limit_shows_the_line_the_submission_was_looping_on(tmp_path: Path) -> None:
+    from pytest_cbatch.sandbox import Limits
+
+    (tmp_path / "loops.py").write_text(LOOPS, encoding="utf-8")
+    impl = IsolatedImplementation("loops", LoadSpec(str(tmp_path / "loops.py"), ("loops.py",)),
+                                  Limits(call_seconds=2), mode="process")
+    try:
+        outcome = impl.run([], {})
+    finally:
+        impl.close()
+    assert outcome.stopped and "did not answer within 2 s" in outcome.stopped
+    assert re.search(r'File "loops.py", line [34], in _spin', outcome.stack), outcome.stack  # the loop's lines
+    assert 'File "loops.py", line 8, in simulate' in outcome.stack and "child.py" not in outcome.stack
+
+
+def test_under_cbatch_isolate_a_crash_shows_the_submissions_own_traceback(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(crashes=CRASHES)
+    result = pytester.runpytest_subprocess("--cbatch-isolate", "--cbatch-sandbox=process", "--cbatch-impl=crashes.py",
+                                           "-k", "completes and demo", "-p", "no:cacheprovider")
+    assert result.parseoutcomes().get("failed"), result.stdout.str()[-2000:]
+    # (makepyfile drops the source's first, empty line)
+    result.stdout.fnmatch_lines(['*File "crashes.py", line 2, in _pick*', "*KeyError: 'admission'*"])
+    assert "child.py" not in result.stdout.str()

@@ -16,6 +16,7 @@ shipped ``default_rubric.toml``)::
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
+    import_seconds = 60        # the start-up import
 
     [hidden]
     traces = "hidden"          # folder of JSONL traces, relative to the rubric (or --traces DIR)

@@ -6,8 +6,10 @@
 of the RPC), ``remote`` and ``proxies`` (the parent's side), ``search``,
 ``mirror`` and ``mirror_child`` (lifecycle searches, or steps, run by the
 child first and judged by the parent from its record; ``lines``, a search's
-record as the two sides write and read it) and ``bwrap``
-(containment with bubblewrap, and the sandbox modes).
+record as the two sides write and read it), ``bwrap``
+(containment with bubblewrap, and the sandbox modes), ``files`` (the
+submission's copy, made without following a link) and ``guard`` (a graded
+submission's uses of the kit's own code, caught in the child).
 """
 
 from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode

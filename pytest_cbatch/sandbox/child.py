@@ -13,7 +13,9 @@ load folder, which becomes the working directory) and ``load``: ``folder`` (put 
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
 module, or null); ``guard`` (optional): the kit guard's settings (see
-``guard``), whose reports are lines ``{"kit": {...}}`` written as they happen.
+``guard``), whose reports are lines ``{"kit": {...}}`` written as they happen;
+``stack_after`` (optional): seconds after which a request still running sends
+the submission's stack as a line ``{"stack": text}`` (see ``StopWatch``).
 The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
@@ -373,20 +375,72 @@ def raised(exc: BaseException, stack: str = "") -> dict[str, Any]:
 
 
 def own_stack(exc: BaseException, folder: str | None) -> str:
-    """``exc``'s traceback as the student reads it: with a submission ``folder``, only the frames of its
-    files, named relative to it (no path of the grader's); else every frame but the sandbox's own."""
+    """``exc``'s traceback as the student reads it (see ``_students``)."""
     try:
-        kit = os.path.dirname(os.path.abspath(__file__)) + os.sep
-        frames = [f for f in traceback.extract_tb(exc.__traceback__) if not os.path.abspath(f.filename).startswith(kit)]
-        if folder:
-            root = os.path.abspath(folder) + os.sep
-            frames = [f for f in frames if os.path.isabs(f.filename) and os.path.abspath(f.filename).startswith(root)]
-            for frame in frames:
-                frame.filename = os.path.abspath(frame.filename)[len(root):]
-        lines = traceback.format_list(frames[-30:]) + traceback.format_exception_only(type(exc), exc)
-        return "".join(lines)[-4000:]
+        frames = _students(traceback.extract_tb(exc.__traceback__), folder)
+        return "".join(traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc))[-4000:]
     except Exception:  # noqa: BLE001 - an exception whose text cannot be made: its type says enough
         return ""
+
+
+def _students(frames: traceback.StackSummary, folder: str | None) -> list[traceback.FrameSummary]:
+    """With a submission ``folder``, only the frames of its files, named relative to it (no path of the
+    grader's); else every frame but the sandbox's own.  The last 30."""
+    kit = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    kept = [f for f in frames if not os.path.abspath(f.filename).startswith(kit)]
+    if folder:
+        root = os.path.abspath(folder) + os.sep
+        kept = [f for f in kept if os.path.isabs(f.filename) and os.path.abspath(f.filename).startswith(root)]
+        for frame in kept:
+            frame.filename = os.path.abspath(frame.filename)[len(root):]
+    return kept[-30:]
+
+
+class StopWatch:
+    """Sends the main thread's stack (``{"stack": text}``) once a request has run ``seconds``, so the parent,
+    should it then stop the call at its limit, can show the line the submission was at (a loop's, say).
+
+    A thread of the child's: it runs whenever the main thread lets go of the GIL, which plain Python code
+    does every few milliseconds (a C extension holding it gives no stack).
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], seconds: float, folder: str | None) -> None:
+        import threading
+
+        self.send, self.seconds, self.folder = send, seconds, folder
+        self.main = threading.main_thread().ident
+        self.armed = threading.Condition()
+        self.since: float | None = None
+        threading.Thread(target=self._watch, name="cbatch-stopwatch", daemon=True).start()
+
+    def arm(self) -> None:
+        import time
+
+        with self.armed:
+            self.since = time.monotonic()
+            self.armed.notify()
+
+    def disarm(self) -> None:
+        with self.armed:
+            self.since = None
+
+    def _watch(self) -> None:
+        import time
+
+        while True:
+            with self.armed:
+                while self.since is None:
+                    self.armed.wait()
+                since = self.since
+                left = since + self.seconds - time.monotonic()
+                if left > 0:
+                    self.armed.wait(left)
+                    continue
+                self.since = None  # once per request
+            frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
+            if frame is not None:
+                frames = _students(traceback.extract_stack(frame), self.folder)
+                self.send({"stack": "".join(traceback.format_list(frames))[-4000:]})
 
 
 def _load_file(path: str) -> Any:
@@ -496,13 +550,20 @@ def main(argv: list[str]) -> int:
         return 0
     send({"ok": described})
     server = Server(names, send_all, config["load"].get("folder"))
+    seconds = config.get("stack_after")
+    watch = StopWatch(send, seconds, server.folder) if seconds else None
     for line in reader:
         try:
-            reply = server.dispatch(json.loads(line))
+            request = json.loads(line)
+            if watch is not None and request.get("op") != "mirror":  # a search's lines say where it is
+                watch.arm()
+            reply = server.dispatch(request)
         except SystemExit as exc:
             reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
             reply = raised(exc, own_stack(exc, server.folder))
+        if watch is not None:
+            watch.disarm()
         send(reply)
     return 0
 

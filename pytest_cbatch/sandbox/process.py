@@ -66,9 +66,10 @@ def _announce(notice: str) -> None:
 class SandboxFailure(Exception):
     """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, stack: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        self.stack = stack  # a timeout's: the submission's stack shortly before its limit (``child.StopWatch``)
 
 
 class SandboxTimeout(SandboxFailure, CallTimedOut):
@@ -125,6 +126,7 @@ class Sandbox:
         self.description: dict[str, Any] | None = None
         self.seconds_used = 0.0
         self.left_out: list[str] = []  # what the copy left out (links, FIFOs, ...): see ``files``
+        self._stack = ""  # the child's last ``{"stack": ...}`` line of the current request
         self._failures: dict[str, list[str]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
@@ -215,6 +217,7 @@ class Sandbox:
                      "files": [os.path.join(work, f) for f in self.load.files],
                      "modules": list(self.load.modules), "attr": self.load.attr},
             "guard": self.guard.config(kit_roots()) if self.guard is not None else None,
+            "stack_after": _stack_after(self.limits.call_seconds),
         }
         argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
         if confinement is None:
@@ -316,6 +319,8 @@ class Sandbox:
         output_limit = self.limits.output_kb * 1024
         reply_limit = self.limits.reply_mb << 20
         pending = memoryview(payload or b"")
+        if payload is not None:
+            self._stack = ""
         sel = self._selector
         assert sel is not None
         if pending:  # a request usually fits the pipe at once: write it now, wait for room only if not
@@ -336,7 +341,7 @@ class Sandbox:
                     raise SandboxTimeout("timeout", f"the {self.label} did not answer within "
                                                     f"{self.limits.call_seconds:g} s "
                                                     f"({self.limits.term('call_seconds')})"
-                                         + self._output.tail_note())
+                                         + self._output.tail_note(), self._stack)
                 for key, _ in sel.select(left):
                     if key.data == "write":
                         try:
@@ -388,6 +393,9 @@ class Sandbox:
                 if self.guard is not None:
                     self.guard.take(reply["kit"])
                 continue
+            if "stack" in reply and len(reply) == 1:  # where the call is, should it reach its limit
+                self._stack = reply["stack"][-4000:] if isinstance(reply["stack"], str) else ""
+                continue
             batch = reply.get("batch")
             if batch is None:
                 self._ready.append(reply)
@@ -424,6 +432,11 @@ class Sandbox:
         else:
             what = f"exited with status {code} (sys.exit or os._exit)"
         return SandboxFailure("died", f"the {self.label} {what}" + self._output.tail_note())
+
+
+def _stack_after(call_seconds: float) -> float:
+    """When the child sends its stack during a call: late in the call, early enough to arrive before the limit."""
+    return max(call_seconds * 0.8, call_seconds - 2.0)
 
 
 def _widen(fd: int) -> None:

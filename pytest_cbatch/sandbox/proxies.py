@@ -93,7 +93,7 @@ class _RemoteSimulate:
             reply = self.sandbox.request({"op": "simulate", "trace": trace, "config": config}, "simulate")
         except SandboxFailure as exc:
             if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
-                raise Stopped(str(exc)) from None
+                raise Stopped(str(exc), exc.stack) from None
             raise BrokenOutput(str(exc)) from None
         if "unsupported" in reply:
             raise Unsupported(f"{self.sandbox.label} raised {reply['unsupported']}")
