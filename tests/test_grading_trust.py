@@ -42,9 +42,11 @@ def _published(folder: Path, overlay: str = "") -> Path:
 
 def _rubric(tmp_path: Path, grading: str = "", hidden: str = ""):
     path = tmp_path / "rubric.toml"
-    path.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 2\nnumerics = "off"\n' + grading
+    numerics = "" if "numerics" in grading else 'numerics = "off"\n'
+    path.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 2\n' + numerics + grading
                     + '[limits]\ncall_seconds = 120\n' + hidden
-                    + '[tests]\n"contract.*" = { points = 1 }\n"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
+                    + '[tests]\n"contract.*" = { points = 1 }\n"lifecycle.*" = { points = 1 }\n'
+                      '"numerics.*" = { points = 1 }\n', encoding="utf-8")
     return load_rubric(path)
 
 
@@ -221,8 +223,11 @@ def _student_visible(result, out: Path) -> str:
     return "\n".join(seen)
 
 
-def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output(tmp_path: Path) -> None:
-    rubric = _rubric(tmp_path, 'parts = ["scheduler", "lifecycle"]\n',
+@pytest.mark.parametrize("part", ["lifecycle", "numerics"])
+def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output(tmp_path: Path, part: str) -> None:
+    if part == "numerics":
+        pytest.importorskip("torch")
+    rubric = _rubric(tmp_path, f'parts = ["scheduler", "{part}"]\n',
                      f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
     plan = build_plan(rubric)
     assert plan.counts()["hidden"] == 1

@@ -28,8 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
-__all__ = ["INSIDE", "SANDBOX_MODES", "Confinement", "bwrap_problem", "confine", "not_contained_notice",
-           "resolve_mode"]
+__all__ = ["INSIDE", "SANDBOX_MODES", "Confinement", "bwrap_problem", "confine", "kit_folders",
+           "not_contained_notice", "resolve_mode"]
 
 SANDBOX_MODES = ("auto", "bwrap", "process")
 INSIDE = "/sandbox"                 # the child's private tmpfs: work/, home/, and submission/ (read-only)
@@ -126,6 +126,13 @@ def _python_roots(modules: Sequence[str]) -> list[str]:
         roots.add(binary)
     outer = sorted(r for r in roots if not any(r != o and _inside(r, o) for o in roots))
     return [r for r in outer if not _inside(r, "/usr")]
+
+
+def kit_folders() -> list[str]:
+    """The folders of the kit's packages, outermost only (an editable install maps some apart)."""
+    names = (*_KIT_PACKAGES, _REFERENCE, "pytest_cbatch.gpu_checks", "pytest_cbatch.examples")
+    found = sorted({os.path.normpath(os.path.abspath(p)) for p in _package_folders(names)})
+    return [f for f in found if not any(f != o and _inside(f, o) for o in found)]
 
 
 def _package_folders(names: Iterable[str]) -> list[str]:

@@ -34,7 +34,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-__all__ = ["ALLOWED_MODULES", "KitGuard", "describe_use", "install", "kit_roots"]
+__all__ = ["ALLOWED_MODULES", "KitGuard", "describe_use", "install"]
 
 ALLOWED_MODULES = ("pytest_cbatch",)  # the bare package: a docstring, nothing a scheduler could use
 _KIT = "pytest_cbatch"
@@ -64,23 +64,6 @@ class KitGuard:
     def uses(self) -> list[str]:
         """Each distinct use, as one line for a person."""
         return list(dict.fromkeys(describe_use(r) for r in self.found))
-
-
-def kit_roots(packages: tuple[str, ...] = ("pytest_cbatch", "pytest_cbatch.reference", "pytest_cbatch.schemas",
-                                            "pytest_cbatch.gpu_checks", "pytest_cbatch.examples")) -> list[str]:
-    """The folders of the kit's packages (they may lie apart: an editable install maps some elsewhere)."""
-    import importlib.util
-
-    found: list[str] = []
-    for name in packages:
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        for folder in (spec.submodule_search_locations or []) if spec is not None else []:
-            if _norm(folder) not in found and not any(_norm(folder).startswith(f + os.sep) for f in found):
-                found.append(_norm(folder))
-    return found
 
 
 def describe_use(record: dict[str, Any]) -> str:

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded import CallTimedOut
-from .bwrap import Confinement, confine, resolve_mode
+from .bwrap import Confinement, confine, kit_folders, resolve_mode
 from .files import SubmissionRefused, copy_submission
-from .guard import KitGuard, kit_roots
+from .guard import KitGuard
 from .limits import Limits, child_environment
 
 __all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
@@ -216,7 +216,7 @@ class Sandbox:
             "load": {"folder": work if self.load.folder else None,
                      "files": [os.path.join(work, f) for f in self.load.files],
                      "modules": list(self.load.modules), "attr": self.load.attr},
-            "guard": self.guard.config(kit_roots()) if self.guard is not None else None,
+            "guard": self.guard.config(kit_folders()) if self.guard is not None else None,
             "stack_after": _stack_after(self.limits.call_seconds),
         }
         argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
