@@ -439,3 +439,31 @@ def test_under_cbatch_isolate_a_crash_shows_the_submissions_own_traceback(pytest
     # (makepyfile drops the source's first, empty line)
     result.stdout.fnmatch_lines(['*File "crashes.py", line 2, in _pick*', "*KeyError: 'admission'*"])
     assert "child.py" not in result.stdout.str()
+
+
+LOOPING_KV = '''
+class PagedKV:
+    def __init__(self, *args, **kwargs):
+        self.n = 0
+        while True:
+            self.n += 1
+'''
+
+
+def test_a_lifecycle_call_stopped_at_its_limit_shows_the_line_it_was_at(tmp_path: Path) -> None:
+    from hypothesis import settings as Settings
+
+    from pytest_cbatch.lifecycle import lifecycle_verdicts
+    from pytest_cbatch.sandbox import Limits
+
+    (tmp_path / "kv.py").write_text(LOOPING_KV, encoding="utf-8")
+    impl = IsolatedImplementation("kv", LoadSpec(str(tmp_path / "kv.py"), ("kv.py",)), Limits(call_seconds=2),
+                                  mode="process")
+    try:
+        verdicts = lifecycle_verdicts("allocator", impl.namespace, Settings(max_examples=2, database=None,
+                                                                            deadline=None))
+    finally:
+        impl.close()
+    failed = [v.message for v in verdicts.values() if v.status == "fail"]
+    assert failed and "did not return" in failed[0], verdicts
+    assert re.search(r'File "kv.py", line [56], in __init__', failed[0]), failed[0]
