@@ -215,10 +215,11 @@ def _hidden_folder(tmp_path: Path) -> Path:
 
 
 def _student_visible(result, out: Path) -> str:
-    """Everything of ``result`` a student sees: the visible tests, the top-level output, the files beside
-    results.json that a failure tells them to fetch (all but the instructor's hidden-failures.txt)."""
+    """Everything of ``result`` a student sees, now or after the due date: every test but the hidden ones,
+    the top-level output, the files beside results.json that a failure tells them to fetch (all but the
+    instructor's hidden-failures.txt)."""
     doc = result.gradescope()
-    seen = [doc["output"]] + [json.dumps(t) for t in doc["tests"] if t["visibility"] == "visible"]
+    seen = [doc["output"]] + [json.dumps(t) for t in doc["tests"] if t["visibility"] != "hidden"]
     seen += [p.read_text(encoding="utf-8") for p in out.iterdir() if p.name != "hidden-failures.txt"]
     return "\n".join(seen)
 
