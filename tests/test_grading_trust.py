@@ -225,8 +225,11 @@ def _student_visible(result, out: Path) -> str:
 
 
 @pytest.mark.parametrize("part", ["lifecycle", "numerics"])
-def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output(tmp_path: Path, part: str) -> None:
-    if part == "numerics":
+def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output(
+        tmp_path: Path, part: str, request: pytest.FixtureRequest) -> None:
+    if part == "numerics":  # the same child split as the lifecycle case, at the cost of torch's checks
+        if not request.config.getoption("--run-slow"):
+            pytest.skip("the numerics case runs with --run-slow (about 30 s); the lifecycle case shows the same")
         pytest.importorskip("torch")
     rubric = _rubric(tmp_path, f'parts = ["scheduler", "{part}"]\n',
                      f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
@@ -298,6 +301,7 @@ DODGES = {
     "removes_the_watch": ("import sys\nsys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != 'Watch']\n"
                           "import importlib\n_m = importlib.import_module('pytest_cbatch.reference.scheduler_sim')\n"
                           "simulate = _m.simulate\n", 4),
+    "from_the_package": ("from pytest_cbatch import reference\nsimulate = reference.simulate\n", 1),
     "catches_and_waits": ("def simulate(events, **config):\n    try:\n        import pytest_cbatch.lifecycle.oracle\n"
                           "    except ImportError:\n        pass\n    raise ValueError('nothing to run')\n", 3),
 }

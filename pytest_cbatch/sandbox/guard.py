@@ -157,7 +157,8 @@ def install(config: dict[str, Any], submission_roots: list[str], report: Callabl
                 assert isinstance(name, (str, bytes))
                 if kit_file(os.fsdecode(name)) is not None:
                     found(f"compiles code under the kit's file name {os.fsdecode(name)}", where, PermissionError)
-                compiled.add(os.fsdecode(name))
+                if len(compiled) < 10_000:  # bounded: a loop of exec() under fresh names must not grow it forever
+                    compiled.add(os.fsdecode(name))
         elif event == "exec":
             code = args[0]
             name = getattr(code, "co_filename", None)
