@@ -472,3 +472,20 @@ def test_a_lifecycle_call_stopped_at_its_limit_shows_the_line_it_was_at(tmp_path
     failed = [v.message for v in verdicts.values() if v.status == "fail"]
     assert failed and "did not return" in failed[0], verdicts
     assert re.search(r'File "kv.py", line [56], in __init__', failed[0]), failed[0]
+
+
+def test_an_installed_kit_has_an_empty_tmpfs_over_its_reference_in_bubblewrap(tmp_path: Path, monkeypatch) -> None:
+    """Installed into site-packages, the reference lies inside a bound folder: an empty tmpfs covers it."""
+    from pytest_cbatch.sandbox import bwrap
+
+    site = "/opt/venv/lib/python3/site-packages"
+    monkeypatch.setattr(bwrap.shutil, "which", lambda name: "/usr/bin/bwrap")
+    monkeypatch.setattr(bwrap, "_python_roots", lambda modules: [site])
+    monkeypatch.setattr(bwrap, "_package_folders", lambda names: [f"{site}/pytest_cbatch/reference"])
+    monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
+    for reference, covered in ((False, True), (True, False)):
+        argv = list(bwrap.confine(str(tmp_path), str(tmp_path / "work"), True, 8, (), reference).prefix)
+        pairs = list(zip(argv, argv[1:]))
+        assert (("--tmpfs", f"{site}/pytest_cbatch/reference") in pairs) is covered
+        if covered:
+            assert pairs.index(("--tmpfs", f"{site}/pytest_cbatch/reference")) > argv.index(site)
