@@ -74,9 +74,12 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
         return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+    flags = [f"left out of the copy: {', '.join(impl.sandbox.left_out)}"] if impl.sandbox.left_out else []
+    if guard.found and guard.refuse:  # a use at import time that the submission caught: no need to run it
+        impl.close()
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
     notes[0] += (", contained by bubblewrap" if impl.sandbox.mode == "bwrap"
                  else ", NOT contained (no bubblewrap on the grading machine)")
-    flags = [f"left out of the copy: {', '.join(impl.sandbox.left_out)}"] if impl.sandbox.left_out else []
     notes += flags
     hidden: Implementation | None = None
     try:
