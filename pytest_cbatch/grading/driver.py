@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from ..sandbox.files import link_refusal
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
@@ -53,12 +54,21 @@ GRADESCOPE_ROOT = "/autograder"
 
 
 def discover(folder: Path) -> list[Submission]:
-    """The submissions in ``folder``, sorted by name; ValueError when two share a name."""
+    """The submissions in ``folder``, sorted by name; ValueError when two share a name.
+
+    A submission that is a symbolic link (a ``.py`` file or a folder), or a
+    folder whose only modules are links, is listed refused (``Submission.refused``):
+    it is graded 0, saying why, and nothing is read through the link.
+    """
     found: dict[str, Submission] = {}
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_file() and entry.suffix == ".py":
+        if entry.is_symlink():
+            if entry.suffix not in (".py", ""):
+                continue
+            sub = Submission(entry.stem, str(entry), LoadSpec(str(entry)), refused=link_refusal(entry.name))
+        elif entry.is_file() and entry.suffix == ".py":
             sub = Submission(entry.stem, str(entry), _single_file(entry))
         elif entry.is_dir() and (held := folder_submission(entry, entry.name)) is not None:
             sub = held
@@ -72,14 +82,24 @@ def discover(folder: Path) -> list[Submission]:
 
 def folder_submission(folder: Path, name: str) -> Submission | None:
     """The submission a folder holds: a program named by its manifest (``cbatch.toml``; a broken one is a
-    submission whose results say what is wrong), else its Python files; None when it holds neither."""
+    submission whose results say what is wrong), else its Python files (refused when they are all links);
+    None when it holds neither."""
     if os.path.lexists(folder / MANIFEST):
         try:
             return Submission(name, str(folder), LoadSpec(str(folder), command=read_manifest(folder)))
         except ManifestError as exc:
             return Submission(name, str(folder), LoadSpec(str(folder)), problem=str(exc))
     files = submission_files(str(folder))
-    return Submission(name, str(folder), LoadSpec(str(folder), files)) if files else None
+    if files:
+        return Submission(name, str(folder), LoadSpec(str(folder), files))
+    linked = _linked_modules(folder)
+    return Submission(name, str(folder), LoadSpec(str(folder)), refused=link_refusal(", ".join(linked))) \
+        if linked else None
+
+
+def _linked_modules(folder: Path) -> list[str]:
+    """The ``.py`` entries of ``folder`` that are symbolic links (a folder of nothing else is refused)."""
+    return sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_symlink())
 
 
 def _single_file(path: Path) -> LoadSpec:
@@ -88,8 +108,10 @@ def _single_file(path: Path) -> LoadSpec:
 
 
 def gradescope_submission(root: Path) -> Submission:
-    """The single submission Gradescope unpacks in ``root/submission``."""
+    """The single submission Gradescope unpacks in ``root/submission`` (refused when it is a link)."""
     folder = root / "submission"
+    if folder.is_symlink():
+        return Submission("submission", str(folder), LoadSpec(str(folder)), refused=link_refusal(folder.name))
     found = folder_submission(folder, "submission") if folder.is_dir() else None
     if found is None:
         raise ValueError(f"{folder}: no .py file or {MANIFEST} to grade")

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from ..explain import explain_failure, trace_jsonl
-from ..impls import Implementation, ImplementationError
+from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
-from ..sandbox import IsolatedImplementation, LoadSpec
+from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
@@ -43,6 +43,7 @@ class Submission:
     path: str
     load: LoadSpec
     problem: str | None = None   # why it cannot be graded at all (a broken manifest), or None
+    refused: str | None = None   # why it is graded 0 without running (e.g. it is a symbolic link)
 
 
 @dataclass
@@ -50,6 +51,8 @@ class _Tally:
     ran: int = 0
     skipped: list[str] = field(default_factory=list)
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
+    hidden_ran: int = 0  # hidden workloads the rubric hides from students: counted apart, never shown
+    hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
 
 
 def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -62,24 +65,94 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
+    if submission.refused is not None:
+        return _refuse(submission.name, rubric, notes, start, submission.refused, [submission.refused])
     problem = submission.problem or _program_problem(submission, rubric)
     if problem:
         tests = unjudged(rubric, f"the submission could not be graded: {problem}")
         return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start)
+    guard = KitGuard(refuse=rubric.kit_imports == "refuse")
     try:
-        impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                      label=f"submission {submission.name!r}", mode=sandbox,
-                                      runtimes=rubric.runtimes)
+        impl = _isolated(submission, rubric, sandbox, guard)
     except ImplementationError as exc:
+        if guard.found:
+            return _kit_used(submission.name, rubric, notes, start, guard, [])
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
         return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+    flags = [f"left out of the copy: {', '.join(impl.sandbox.left_out)}"] if impl.sandbox.left_out else []
+    if guard.found and guard.refuse:  # a use at import time that the submission caught: no need to run it
+        impl.close()
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
     notes[0] += (", contained by bubblewrap" if impl.sandbox.mode == "bwrap"
                  else ", NOT contained (no bubblewrap on the grading machine)")
+    notes += flags
+    hidden: Implementation | None = None
     try:
-        return grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start)
+        if "scheduler" in rubric.parts and plan.counts()["hidden"] and not plan.hidden_visible:
+            hidden = _hidden_child(submission, rubric, sandbox, guard)
+        result = grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start, hidden=hidden)
     finally:
         impl.close()
+        if hidden is not None:
+            hidden.close()
+    if guard.found and guard.refuse:
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
+    flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
+    if flags:
+        result.extra["flags"] = flags
+    return result
+
+
+def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard,
+              role: str = "") -> IsolatedImplementation:
+    return IsolatedImplementation(submission.name, submission.load, rubric.limits,
+                                  label=f"submission {submission.name!r}{role}", mode=sandbox,
+                                  runtimes=rubric.runtimes, guard=guard)
+
+
+def _kit_used(name: str, rubric: Rubric, notes: list[str], start: float, guard: KitGuard,
+              flags: list[str]) -> SubmissionResult:
+    """Every test 0: the submission used the kit's code, which the rubric refuses (``kit_imports``)."""
+    uses = guard.uses()
+    reason = (f"it uses the kit's own code, and the kit is what judges it (the reference is not a submission): "
+              f"{'; '.join(uses)}. Remove that use and submit again; a course that allows it sets [grading] "
+              f"kit_imports = \"allow\" in the rubric")
+    return _refuse(name, rubric, notes, start, reason, flags + [f"uses the kit's code: {use}" for use in uses])
+
+
+class _Unavailable(Implementation):
+    """Stands for a child that could not start: every run is broken, saying why."""
+
+    def __init__(self, spec: str, why: str) -> None:
+        self.spec, self.source, self.namespace, self.why = spec, "not started", None, why
+        self.fn = None
+
+    def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+        raise BrokenOutput(self.why)
+
+    def close(self) -> None:
+        pass
+
+
+def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard) -> Implementation:
+    """The submission once more, in a child of its own that runs only the hidden workloads.
+
+    That child never answers a visible test, so nothing it saw (a hidden trace
+    it remembers, prints or raises) can reach a student-visible output through
+    a later visible call; its messages go only to hidden-failures.txt.
+    """
+    try:
+        return _isolated(submission, rubric, sandbox, guard, " (hidden workloads)")
+    except ImplementationError as exc:
+        return _Unavailable(submission.name, f"the child for the hidden workloads could not start: {exc}")
+
+
+def _refuse(name: str, rubric: Rubric, notes: list[str], start: float, reason: str,
+            flags: list[str]) -> SubmissionResult:
+    """Every test 0, saying why the submission is refused (a link, an import of the kit)."""
+    tests = unjudged(rubric, f"the submission is refused: {reason}")
+    return _finish(name, rubric, tests, notes + [f"refused: {reason}"], start, flags=flags)
 
 
 def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
@@ -91,11 +164,13 @@ def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
 
 
 def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: Plan, out_dir: Path,
-                         notes: list[str] | None = None, start: float | None = None) -> SubmissionResult:
+                         notes: list[str] | None = None, start: float | None = None,
+                         hidden: Implementation | None = None) -> SubmissionResult:
     """Grade an already loaded implementation (the sandboxed one of ``grade_submission``, or any other).
 
-    Only ``grade_submission`` keeps the grader safe from the code it grades;
-    this is the judging it shares with, e.g., an in-process baseline.
+    ``hidden``: what runs the hidden workloads (default ``impl`` itself); ``grade_submission`` gives a child
+    of their own when they are hidden from students.  Only ``grade_submission`` keeps the grader safe from
+    the code it grades; this is the judging it shares with, e.g., an in-process baseline.
     """
     start = time.monotonic() if start is None else start
     notes = [f"{name}: graded by pytest-cbatch", plan.generation] if notes is None else notes
@@ -108,7 +183,8 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
         tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
                   for c in contract_clauses(rubric)]
     elif "scheduler" in rubric.parts:
-        tests += _contract_tests(Judge(impl), contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
+        judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
+        tests += _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
@@ -118,12 +194,16 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     return _finish(name, rubric, tests, notes, start)
 
 
-def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float) -> SubmissionResult:
+def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
+            flags: list[str] | None = None) -> SubmissionResult:
+    """The result of ``tests``; ``flags`` (what the instructor should look at) go to summary.csv's column."""
     expected = rubric_tests(rubric)
     assert [t.name for t in tests] == expected, "every submission of a run is graded on the same tests"
     apply_rubric(tests, rubric)
-    result = SubmissionResult(name, tests, "", time.monotonic() - start,
-                              extra={"seed": rubric.seed, "rubric": Path(rubric.source).name})
+    extra: dict[str, Any] = {"seed": rubric.seed, "rubric": Path(rubric.source).name}
+    if flags:
+        extra["flags"] = list(flags)
+    result = SubmissionResult(name, tests, "", time.monotonic() - start, extra=extra)
     failed = [t.name for t in tests if not t.passed and t.max_score]
     notes.append(f"score {result.score:g} / {result.max_score:g}"
                  + (f"; failed: {', '.join(failed)}" if failed else "; every test passed"))
@@ -171,50 +251,66 @@ def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
 # ------------------------------------------------------------------ contract
 
 
-def _contract_tests(judge: Judge, clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
+def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
                     hidden_log: list[str]) -> list[TestResult]:
+    """One test per clause.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those."""
     tallies = {cid: _Tally() for cid in clauses}
     for case in plan.cases:
+        judge = judges["hidden" if case.kind == "hidden" else "visible"]
+        withheld = case.kind == "hidden" and not plan.hidden_visible
         for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
-            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
+            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config), withheld)
     for case in plan.invalid:
-        _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
+        _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
+    return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
 
 
-def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
+def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
+    """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it."""
     if result.status == "skip":
-        tally.skipped.append(result.reason)
+        if not withheld:
+            tally.skipped.append(result.reason)
+        return
+    if withheld:
+        tally.hidden_ran += 1
+        if result.status == "fail":
+            tally.hidden_failed.append((case, result))
         return
     tally.ran += 1
     if result.status == "fail":
         tally.failed.append((case, result))
 
 
-def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
+def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
                  hidden_log: list[str]) -> TestResult:
+    """The clause's test.  What hidden workloads contribute to its student-visible output, when the rubric
+    hides them, is only whether any failed it: never which, how many, their skips or their messages."""
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran:
+    if not tally.ran and not tally.hidden_ran:
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
+    for case, result in tally.hidden_failed:
+        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False))
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
+    withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
+    if not tally.failed and not tally.hidden_failed:
+        return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
+                          + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
     if not tally.failed:
-        return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})", tags=tags)
-    shown = [(c, r) for c, r in tally.failed if c.kind != "hidden" or plan.hidden_visible]
-    withheld = len(tally.failed) - len(shown)
-    labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
-    more = len(shown) - len(labels)
+        return TestResult(name, False, f"failed on hidden workloads (which and how many is withheld); passed on "
+                          f"all {tally.ran} other workloads it ran on ({kinds})", tags=tags)
+    labels = [c.label for c, _ in tally.failed[:_SHOWN_LABELS]]
+    more = len(tally.failed) - len(labels)
     lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
              + ", ".join(labels) + (f" and {more} more" if more else "")
-             + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else "")]
-    if shown:
-        lines.append(_explain(judge, cid, *shown[0], spec, out_dir))
-    for case, result in tally.failed:
-        if case.kind == "hidden" and not plan.hidden_visible:
-            hidden_log.append(_explain(judge, cid, case, result, spec, out_dir, write=False))
+             + ("; it also failed on hidden workloads (which and how many is withheld)" if tally.hidden_failed
+                else "")]
+    first_case = tally.failed[0][0]
+    lines.append(_explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid, *tally.failed[0],
+                          spec, out_dir))
     return TestResult(name, False, "\n".join(lines), tags=tags)
 
 
@@ -240,7 +336,8 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     if write:
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
-                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
+                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original,
+                           stack=result.stack, stopped=result.stopped)
     return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
                    f"run the replay command there)" if write else "")
 

@@ -73,18 +73,23 @@ def write_json(path: Path, document: Any) -> None:
 
 
 def write_summary(path: Path, results: Sequence[SubmissionResult]) -> None:
-    """``summary.csv``: a row per submission (name, score, max, seconds) and a column per test (its score)."""
+    """``summary.csv``: a row per submission (name, score, max, seconds, flags) and a column per test (its score).
+
+    ``flags`` lists what the instructor should look at (a refused link, an import of the kit, what the copy
+    left out), ``; ``-separated; empty for an ordinary submission.
+    """
     names: list[str] = []
     for result in results:
         names += [t.name for t in result.tests if t.name not in names]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["submission", "score", "max_score", "execution_time", *names])
+        writer.writerow(["submission", "score", "max_score", "execution_time", "flags", *names])
         for result in sorted(results, key=lambda r: r.name):
             scores = {t.name: t.score for t in result.tests}
             writer.writerow([result.name, _num(result.score), _num(result.max_score),
-                             round(result.execution_time, 3), *(_num(scores[n]) if n in scores else "" for n in names)])
+                             round(result.execution_time, 3), "; ".join(result.extra.get("flags", [])),
+                             *(_num(scores[n]) if n in scores else "" for n in names)])
     os.replace(tmp, path)
 
 

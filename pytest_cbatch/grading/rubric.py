@@ -14,9 +14,11 @@ shipped ``default_rubric.toml``)::
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
     course = false             # true: also grade contract.course_results, the course's exact results
     runtimes = []              # language runtimes outside /usr a program submission may use (absolute folders)
+    kit_imports = "refuse"     # a submission that uses the kit's code (its reference) scores 0; "allow": graded
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
+    import_seconds = 60        # the start-up import
 
     [hidden]
     traces = "hidden"          # folder of JSONL traces, relative to the rubric (or --traces DIR)
@@ -60,7 +62,7 @@ VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
                  "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
-                 "runtimes": list}
+                 "runtimes": list, "kit_imports": str}
 
 
 _KIND_NAMES = {bool: "boolean (true or false)"}
@@ -90,6 +92,7 @@ class Rubric:
     sandbox: str = "auto"
     course: bool = False
     runtimes: tuple[str, ...] = ()
+    kit_imports: str = "refuse"  # "allow": a submission may use the kit's code (still flagged in summary.csv)
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -158,6 +161,8 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
         if not isinstance(folder, str) or not os.path.isabs(folder) or not os.path.isdir(folder):
             raise ValueError(f"{source}: [grading].runtimes must list absolute paths of folders on this machine "
                              f"(a runtime's install folder, e.g. \"/opt/node-v22\"), got {folder!r}")
+    if out.get("kit_imports", "refuse") not in ("refuse", "allow"):
+        raise ValueError(f"{source}: [grading].kit_imports must be \"refuse\" or \"allow\", got {out['kit_imports']!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

@@ -15,8 +15,10 @@ _MIB = 1 << 20
 class Limits:
     """What one sandboxed submission may use.
 
-    ``call_seconds`` is the wall-clock limit of one call (a ``simulate`` run,
-    one lifecycle method call, or the start-up import); ``cpu_seconds``,
+    ``call_seconds`` is the wall-clock limit of one call (a ``simulate`` run or
+    one lifecycle method call); ``import_seconds`` that of the start-up import
+    of the submission (at least ``call_seconds``: a loaded machine imports
+    slowly, and an honest submission must not fail for it); ``cpu_seconds``,
     ``memory_mb`` (address space), ``processes`` and ``file_mb`` (largest file
     written) are ``setrlimit`` limits of the child process, which is restarted
     after any failure (inside bubblewrap ``processes`` counts the sandbox's
@@ -38,6 +40,7 @@ class Limits:
     reply_mb: int = 64
     max_failures: int = 3
     submission_seconds: float = 900.0
+    import_seconds: float = 60.0
     names: tuple[tuple[str, str], ...] = ()  # (field, the front end's option for it): how messages name a limit
 
     @classmethod
