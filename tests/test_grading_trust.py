@@ -480,11 +480,11 @@ def test_an_installed_kit_has_an_empty_tmpfs_over_its_reference_in_bubblewrap(tm
 
     site = "/opt/venv/lib/python3/site-packages"
     monkeypatch.setattr(bwrap.shutil, "which", lambda name: "/usr/bin/bwrap")
-    monkeypatch.setattr(bwrap, "_python_roots", lambda modules: [site])
+    monkeypatch.setattr(bwrap, "_python_roots", lambda modules, runtimes=(): [site])
     monkeypatch.setattr(bwrap, "_package_folders", lambda names: [f"{site}/pytest_cbatch/reference"])
     monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
     for reference, covered in ((False, True), (True, False)):
-        argv = list(bwrap.confine(str(tmp_path), str(tmp_path / "work"), True, 8, (), reference).prefix)
+        argv = list(bwrap.confine(str(tmp_path), str(tmp_path / "work"), True, 8, (), reference=reference).prefix)
         pairs = list(zip(argv, argv[1:]))
         assert (("--tmpfs", f"{site}/pytest_cbatch/reference") in pairs) is covered
         if covered:
