@@ -16,6 +16,7 @@ from pytest_cbatch.grading.driver import discover
 from pytest_cbatch.grading.driver import main as grade_main
 from pytest_cbatch.grading.manifest import ManifestError, command_problem, read_manifest
 from pytest_cbatch.grading.rubric import load_rubric
+from pytest_cbatch.impls import ImplementationError
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
 from pytest_cbatch.sandbox import IsolatedImplementation, Limits, LoadSpec, bwrap_problem
 from pytest_cbatch.workloads import WORKLOADS
@@ -205,3 +206,24 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+@needs_node
+@needs_bwrap
+def test_bubblewrap_shows_a_runtime_the_rubric_adds_and_no_other(tmp_path: Path) -> None:
+    runtime = tmp_path / "opt" / "course-lang"
+    (runtime / "bin").mkdir(parents=True)
+    shutil.copy(JS_FOLDER / "scheduler_sim.js", runtime / "scheduler_sim.js")
+    launcher = runtime / "bin" / "course-sched"
+    launcher.write_text(f'#!/bin/sh\nexec node {runtime / "scheduler_sim.js"}\n', encoding="utf-8")
+    launcher.chmod(0o755)
+    folder = folder_with(tmp_path, "s", '[submission]\nexec = "course-sched"\n')
+    load = LoadSpec(str(folder), command=read_manifest(folder))
+    impl = IsolatedImplementation("s", load, Limits(call_seconds=30), mode="bwrap", runtimes=(str(runtime),))
+    try:
+        demo = WORKLOADS["demo"]
+        assert Judge(impl).judge("course_results", list(demo.trace), demo.config).status == "pass"
+    finally:
+        impl.close()
+    with pytest.raises(ImplementationError, match="'course-sched' is not found in the sandbox"):
+        IsolatedImplementation("s", load, Limits(call_seconds=30), mode="bwrap")
