@@ -23,6 +23,8 @@ from pytest_cbatch.workloads import WORKLOADS
 
 ROOT = Path(__file__).resolve().parent.parent
 JS_FOLDER = ROOT / "examples" / "any_language"
+ROTATION_JS = (("turn.decode += Math.min(decoding.length, cfg.token_budget);", "turn.decode += 1;"),
+               ("        turn.prefill += 1;\n      }\n", "      }\n      turn.prefill += 1;\n"))
 NO_NODE = shutil.which("node") is None
 needs_node = pytest.mark.skipif(NO_NODE, reason="node is not installed: the JavaScript submission cannot run")
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"no working bubblewrap: {bwrap_problem()}")
@@ -130,6 +132,13 @@ def test_a_folder_with_a_manifest_is_a_program_submission(tmp_path: Path) -> Non
 def test_a_javascript_scheduler_gets_full_contract_marks_in_the_default_sandbox(tmp_path: Path) -> None:
     submissions = tmp_path / "submissions"
     shutil.copytree(JS_FOLDER, submissions / "alice")
+    shutil.copytree(JS_FOLDER, submissions / "dave")   # the rotation bug: both counters advance by one
+    script = submissions / "dave" / "scheduler_sim.js"
+    buggy = script.read_text(encoding="utf-8")
+    for right, wrong in ROTATION_JS:
+        buggy = buggy.replace(right, wrong)
+    assert buggy != script.read_text(encoding="utf-8")
+    script.write_text(buggy, encoding="utf-8")
     folder_with(submissions, "bob", '[submission]\nexec = "node scheduler.js"\nentry = "main"\n')
     folder_with(submissions, "carol", '[submission]\nexec = "nodejs-that-is-not-there scheduler.js"\n')
     rubric = tmp_path / "rubric.toml"
@@ -145,6 +154,10 @@ def test_a_javascript_scheduler_gets_full_contract_marks_in_the_default_sandbox(
     assert lifecycle and all(t["score"] == 0 and "is a program" in t["output"] and 'parts = ["scheduler"]'
                              in t["output"] for t in lifecycle)
     assert alice["score"] == len(contract)
+    dave = json.loads((out / "dave" / "results.json").read_text(encoding="utf-8"))
+    failed = [t for t in dave["tests"] if t["score"] < t["max_score"] and t["name"].startswith("contract.")]
+    assert [t["name"] for t in failed] == ["contract.course_results"]
+    assert "cbatch check --impl 'exec:node scheduler_sim.js' --trace" in failed[0]["output"]
     for name, message in (("bob", "[submission] has unknown key(s) 'entry'"),
                           ("carol", "the command 'nodejs-that-is-not-there' is not found")):
         doc = json.loads((out / name / "results.json").read_text(encoding="utf-8"))
@@ -227,3 +240,10 @@ def test_bubblewrap_shows_a_runtime_the_rubric_adds_and_no_other(tmp_path: Path)
         impl.close()
     with pytest.raises(ImplementationError, match="'course-sched' is not found in the sandbox"):
         IsolatedImplementation("s", load, Limits(call_seconds=30), mode="bwrap")
+
+
+def test_gradescope_takes_a_program_submission(tmp_path: Path) -> None:
+    from pytest_cbatch.grading.driver import gradescope_submission
+
+    shutil.copytree(JS_FOLDER, tmp_path / "submission")
+    assert gradescope_submission(tmp_path).load.command == ("node", "scheduler_sim.js")

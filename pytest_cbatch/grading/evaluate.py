@@ -267,7 +267,7 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
             program = getattr(impl, "sources", {}).get("simulate", "")
-            absent = _program_lacks(program) if program.startswith("program: ") else _absent(parts, namespace)
+            absent = _program_lacks(program) if program.startswith("exec:") else _absent(parts, namespace)
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
         status, message = merged[cid]
@@ -299,7 +299,7 @@ def _absent(parts: list[str], namespace: Any) -> str:
 
 
 def _program_lacks(program: str) -> str:
-    return (f"this submission is a program ({program[len('program: '):]!r}, from its cbatch.toml), which answers "
+    return (f"this submission is a program ({program[len('exec:'):]!r}, from its cbatch.toml), which answers "
             f"simulate over stdin and stdout only: the lifecycle classes (PagedKV, RecomputeRequest, "
             f"TransferManager) are Python objects it cannot expose. A course that accepts other languages leaves "
             f"the lifecycle part out of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 "

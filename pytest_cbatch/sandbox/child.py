@@ -37,6 +37,7 @@ import json
 import numbers
 import os
 import resource
+import shlex
 import shutil
 import sys
 import traceback
@@ -391,7 +392,7 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     if spec.get("command"):
         program = _kit_module("program", spec.get("folder")).Program(spec["command"], spec["folder"],
                                                                      spec["output_bytes"])
-        label = "program: " + " ".join(spec["command"])
+        label = "exec:" + shlex.join(spec["command"])   # the SPEC that replays it: cbatch check --impl LABEL
         return {"simulate": program}, {"parts": [], "sources": {"simulate": label},
                                        "simulate": {"accepted": [], "open": True}}
     if spec.get("folder"):
