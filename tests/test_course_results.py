@@ -276,3 +276,10 @@ def test_the_published_file_runs_standalone_with_the_course_numbers(tmp_path: Pa
                           check=True)
     assert "7 dispatches, 19 input tokens" in done.stdout
 
+
+
+def test_a_huge_reported_value_is_cut_short_in_the_message() -> None:
+    report = simulate(demo_trace())
+    report["requests"]["long"]["itl_ticks"] = [1] * 100_000
+    found = check_report(report, demo_trace(), BASE_CONFIG, clauses=[CID])
+    assert len(found) == 1 and "itl_ticks" in found[0].message and len(found[0].message) < 300
