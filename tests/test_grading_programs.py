@@ -4,7 +4,6 @@ in the same sandbox as a Python submission; a broken manifest is refused with a 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time

@@ -263,10 +263,10 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             if old is None or _RANK[status] > _RANK[old[0]]:
                 merged[cid] = (status, f"[{part}] {message}".rstrip())
     tests = []
+    program = getattr(impl, "sources", {}).get("simulate", "")   # "exec:COMMAND" for a program submission
     for cid in LIFECYCLE_CLAUSES:
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
-            program = getattr(impl, "sources", {}).get("simulate", "")
             absent = _program_lacks(program) if program.startswith("exec:") else _absent(parts, namespace)
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
