@@ -79,7 +79,7 @@ class Judge:
 
     def judge(self, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
         """Judge ``clause`` on the implementation's run of ``trace`` under ``config``."""
-        if clause not in ALL_CLAUSES and clause not in OPT_IN_CLAUSES or clause == "invalid_input_refused":
+        if (clause not in ALL_CLAUSES and clause not in OPT_IN_CLAUSES) or clause == "invalid_input_refused":
             raise ValueError(f"unknown clause {clause!r} here (invalid_input_refused has its own check)")
         run = self.run(trace, config)
         out = run.outcome

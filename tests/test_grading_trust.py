@@ -480,7 +480,7 @@ def test_an_installed_kit_has_an_empty_tmpfs_over_its_reference_in_bubblewrap(tm
 
     site = "/opt/venv/lib/python3/site-packages"
     monkeypatch.setattr(bwrap.shutil, "which", lambda name: "/usr/bin/bwrap")
-    monkeypatch.setattr(bwrap, "_python_roots", lambda modules, runtimes=(): [site])
+    monkeypatch.setattr(bwrap, "_python_roots", lambda modules: [site])
     monkeypatch.setattr(bwrap, "_package_folders", lambda names: [f"{site}/pytest_cbatch/reference"])
     monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
     for reference, covered in ((False, True), (True, False)):

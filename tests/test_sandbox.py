@@ -271,7 +271,7 @@ def test_bubblewrap_binds_a_python_under_tmp_into_a_tmpfs_of_its_own(root: str, 
     from pytest_cbatch.sandbox import bwrap
 
     monkeypatch.setattr(bwrap.shutil, "which", lambda name: "/usr/bin/bwrap")
-    monkeypatch.setattr(bwrap, "_python_roots", lambda modules, runtimes=(): [root])
+    monkeypatch.setattr(bwrap, "_python_roots", lambda modules: [root])
     monkeypatch.setattr(bwrap.os, "geteuid", lambda: 1000)
     argv = list(bwrap.confine(str(tmp_path), str(tmp_path / "work"), True, 8, ()).prefix)
     pairs = list(zip(argv, argv[1:]))

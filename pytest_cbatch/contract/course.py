@@ -115,27 +115,34 @@ def _course_results(ix: ReportIndex) -> Iterator[Violation]:
                 statuses[rid] = row["status"]   # when it is rejected is free, so a cancel may reach it first
             else:
                 yield ix.violation(CID, f"status: it cannot fit even alone, so it ends {' or '.join(allowed)}; "
-                                        f"got {row['status']!r}", rid)
+                                        f"got {_shown(row['status'])}", rid)
         elif row["status"] != want["status"]:
-            yield ix.violation(CID, f"status: {given} {want['status']!r}, this report {row['status']!r}", rid)
+            yield ix.violation(CID, f"status: {given} {want['status']!r}, this report {_shown(row['status'])}", rid)
         elif row["end"] != want["end"]:
             yield ix.violation(CID, f"end: {given} t={want['end']} ({want['status']}), this report "
-                                    f"t={row['end']}", rid)
+                                    f"t={_shown(row['end'])}", rid)
         for name in _PER_REQUEST:
             if row[name] != want[name]:
-                yield ix.violation(CID, f"{name}: {given} {want[name]!r}, this report {row[name]!r}", rid)
+                yield ix.violation(CID, f"{name}: {given} {_shown(want[name])}, this report {_shown(row[name])}",
+                                   rid)
     summary, want_summary = ix.report["summary"], expected["summary"]
     counts = Counter(statuses.values())
     for name in _EXACT_SUMMARY + _COUNTS:
         want = counts[name] if name in _COUNTS else want_summary[name]
         if summary[name] != want:
-            yield ix.violation(CID, f"summary.{name}: {given} {want}, this report {summary[name]}")
+            yield ix.violation(CID, f"summary.{name}: {given} {want}, this report {_shown(summary[name])}")
     low, high = _drain_window(expected, config["release_delay"], impossible)
     drained = summary["drained_at_tick"]
     if not low <= drained <= high:
         window = f"t={low}" if low == high else f"t={low}..{high}"
         yield ix.violation(CID, f"summary.drained_at_tick: {given} {window} (from the last release of pages to "
-                                f"its own drain tick), this report {drained}")
+                                f"its own drain tick), this report {_shown(drained)}")
+
+
+def _shown(value: Any) -> str:
+    """A reported value for a message, cut short: the report is the judged code's, of any size."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _drain_window(expected: Mapping[str, Any], delay: int, impossible: set[str]) -> tuple[int, int]:

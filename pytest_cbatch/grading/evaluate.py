@@ -360,11 +360,11 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             if old is None or _RANK[status] > _RANK[old[0]]:
                 merged[cid] = (status, f"[{part}] {message}".rstrip())
     tests = []
+    program = getattr(impl, "sources", {}).get("simulate", "")   # "exec:COMMAND" for a program submission
     for cid in LIFECYCLE_CLAUSES:
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
-            program = getattr(impl, "sources", {}).get("simulate", "")
-            absent = _program_lacks(program) if program.startswith("program: ") else _absent(parts, namespace)
+            absent = _program_lacks(program) if program.startswith("exec:") else _absent(parts, namespace)
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
         status, message = merged[cid]
@@ -396,7 +396,7 @@ def _absent(parts: list[str], namespace: Any) -> str:
 
 
 def _program_lacks(program: str) -> str:
-    return (f"this submission is a program ({program[len('program: '):]!r}, from its cbatch.toml), which answers "
+    return (f"this submission is a program ({program[len('exec:'):]!r}, from its cbatch.toml), which answers "
             f"simulate over stdin and stdout only: the lifecycle classes (PagedKV, RecomputeRequest, "
             f"TransferManager) are Python objects it cannot expose. A course that accepts other languages leaves "
             f"the lifecycle part out of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 "

@@ -56,17 +56,11 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
         raise ManifestError(f"{MANIFEST} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"{MANIFEST} is not valid TOML ({exc}); it should read:\n{_EXAMPLE}") from None
-    unknown = sorted(set(data) - {"submission"})
-    if unknown:
-        raise ManifestError(f"{MANIFEST}: unknown key(s) or table(s) {', '.join(map(repr, unknown))}; "
-                            f"it holds only:\n{_EXAMPLE}")
+    _only(data, "submission", "unknown key(s) or table(s)", f"it holds only:\n{_EXAMPLE}")
     table = data.get("submission")
     if not isinstance(table, dict):
         raise ManifestError(f"{MANIFEST} needs a [submission] table naming the command:\n{_EXAMPLE}")
-    unknown = sorted(set(table) - {"exec"})
-    if unknown:
-        raise ManifestError(f"{MANIFEST}: [submission] has unknown key(s) {', '.join(map(repr, unknown))}; "
-                            f"the only key is exec, the command line")
+    _only(table, "exec", "[submission] has unknown key(s)", "the only key is exec, the command line")
     command = table.get("exec")
     if not isinstance(command, str):
         got = "nothing" if command is None else f"{command!r:.60} (of type {type(command).__name__})"
@@ -83,6 +77,12 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
         raise ManifestError(f"{MANIFEST}: [submission].exec is empty; name the command, e.g. "
                             f"\"node scheduler_sim.js\"")
     return tuple(argv)
+
+
+def _only(table: dict, known: str, what: str, hint: str) -> None:
+    unknown = sorted(set(table) - {known})
+    if unknown:
+        raise ManifestError(f"{MANIFEST}: {what} {', '.join(map(repr, unknown))}; {hint}")
 
 
 def command_problem(argv: tuple[str, ...], folder: str | Path, runtimes: tuple[str, ...] = ()) -> str | None:

@@ -78,7 +78,8 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev"]
-    roots = _python_roots([*modules, _REFERENCE] if reference else modules, runtimes)
+    roots = _python_roots([*modules, _REFERENCE] if reference else modules)
+    roots += [r for r in runtimes if not any(_inside(r, o) for o in (*roots, "/usr"))]
     # /tmp is the private home, unless the Python installation lives under it (a virtual environment in
     # /tmp): then /tmp is a tmpfs of its own, made first, and that installation is bound into it.
     tmp_roots = any(_inside(root, "/tmp") for root in roots)
@@ -114,13 +115,12 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
                        inside_submission if has_folder else None)
 
 
-def _python_roots(modules: Sequence[str], runtimes: Sequence[str] = ()) -> list[str]:
-    """The Python installation (its prefixes and site packages), the kit's code, the named modules' folders
-    and the runtimes' folders.
+def _python_roots(modules: Sequence[str]) -> list[str]:
+    """The Python installation (its prefixes and site packages), the kit's code and the named modules' folders.
 
     Outermost only, and none under /usr (bound whole anyway).
     """
-    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, *runtimes}
+    found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     found.update(p for p in site.getsitepackages() if os.path.isdir(p))
     found.update(_package_folders((*_KIT_PACKAGES, *_module_prefixes(modules))))
     roots = {os.path.abspath(p) for p in found if os.path.isdir(p)}

@@ -41,6 +41,7 @@ import json
 import numbers
 import os
 import resource
+import shlex
 import shutil
 import sys
 import traceback
@@ -464,9 +465,8 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     A submission that is a program (``command``: its argv) offers ``simulate`` only, as runs of it.
     """
     if spec.get("command"):
-        program = _kit_module("program", spec.get("folder")).Program(spec["command"], spec["folder"],
-                                                                     spec["output_bytes"])
-        label = "program: " + " ".join(spec["command"])
+        program = _program_module().Program(spec["command"], spec["folder"], spec["output_bytes"])
+        label = "exec:" + shlex.join(spec["command"])   # the SPEC that replays it: cbatch check --impl LABEL
         return {"simulate": program}, {"parts": [], "sources": {"simulate": label},
                                        "simulate": {"accepted": [], "open": True}}
     if spec.get("folder"):
@@ -499,21 +499,27 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _mirror_module(folder: str | None) -> Any:
-    """The kit's ``mirror_child`` and its lifecycle machines (see ``_kit_module``)."""
-    mirror_child = _kit_module("mirror_child", folder)
-    _kit_module("lifecycle", folder, package="pytest_cbatch")
-    return mirror_child
-
-
-def _kit_module(name: str, folder: str | None, package: str = "pytest_cbatch.sandbox") -> Any:
-    """The kit's module ``package.name``, imported from the environment only: the submission's folder is off
-    ``sys.path`` meanwhile, so none of its files can stand in for it."""
+    """The kit's ``mirror_child`` (and its lifecycle machines), imported from the environment only: the
+    submission's folder is off ``sys.path`` meanwhile, so none of its files can stand in for them."""
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if p not in (folder, "", ".")]
     try:
-        return importlib.import_module(f"{package}.{name}")
+        from pytest_cbatch.sandbox import mirror_child
+        import pytest_cbatch.lifecycle  # noqa: F401
     finally:
         sys.path[:] = saved
+    return mirror_child
+
+
+def _program_module() -> Any:
+    """The kit's ``program`` module (standard library only), loaded from this file's folder by its path:
+    nothing of the submission's can stand in for it, and the kit's package is not imported."""
+    spec = importlib.util.spec_from_file_location("_cbatch_program", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "program.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _guard_module() -> Any:

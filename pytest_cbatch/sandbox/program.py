@@ -7,8 +7,9 @@ on stdin; exit 0 with the report as JSON on stdout; exit 3 when a setting is
 not supported (the last stderr line says which); any other exit refuses the
 input.  The command runs in the submission's working copy, in the child's
 process group, under the child's limits, so a call past its time limit is
-killed with the whole group; whatever it leaves running in the group when it
-answers is killed before the next call.
+killed with the whole group; whatever it leaves running in the group is killed
+as soon as it exits (its answer is complete then, even if what it left holds
+the pipes open).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from typing import Any
 
 __all__ = ["Program", "ProgramOutputError", "find_command", "UNSUPPORTED_EXIT"]
@@ -56,16 +58,22 @@ class Program:
         payload = json.dumps({"trace": trace, "config": config}).encode()
         proc = subprocess.Popen(self.argv, cwd=self.folder, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE)
+        stdout, stderr = _Pipe(proc.stdout, self.output_bytes), _Pipe(proc.stderr, _STDERR_KEPT, tail=True)
+        feeder = threading.Thread(target=_feed, args=(proc.stdin, payload), daemon=True)
+        feeder.start()
         try:
-            stdout, stderr = proc.communicate(payload)
+            code = proc.wait()
         finally:
+            # What it left running may hold the pipes open: the answer is complete once the program exits.
             _kill_group_but_self()
-        if len(stdout) > self.output_bytes:
-            raise ProgramOutputError(f"the program wrote {len(stdout)} bytes on stdout, more than the "
+        for pipe in (stdout, stderr):
+            pipe.thread.join()
+        feeder.join()
+        if stdout.total > self.output_bytes:
+            raise ProgramOutputError(f"the program wrote {stdout.total} bytes on stdout, more than the "
                                      f"{self.output_bytes >> 20} MiB a report may take")
-        text = stderr[-_STDERR_KEPT:].decode("utf-8", "replace").strip()
+        text = bytes(stderr.kept).decode("utf-8", "replace").strip()
         message = text.splitlines()[-1] if text else "(no message on stderr)"
-        code = proc.returncode
         if code == UNSUPPORTED_EXIT:
             raise NotImplementedError(f"the program exited 3 (unsupported): {message}")
         if code < 0:
@@ -73,9 +81,36 @@ class Program:
         if code != 0:
             raise ValueError(f"exit status {code}: {message}")
         try:
-            return json.loads(stdout)
+            return json.loads(bytes(stdout.kept))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ProgramOutputError(f"stdout is not JSON ({exc}): {stdout[:200]!r}") from None
+            raise ProgramOutputError(f"stdout is not JSON ({exc}): {bytes(stdout.kept[:200])!r}") from None
+
+
+class _Pipe:
+    """Reads one of the program's pipes to its end in a thread, keeping its first ``limit`` bytes (a report)
+    or, with ``tail``, its last (a message); ``total`` counts them all."""
+
+    def __init__(self, stream: Any, limit: int, tail: bool = False) -> None:
+        self.kept, self.total, self.limit, self.tail = bytearray(), 0, limit, tail
+        self.thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _read(self, stream: Any) -> None:
+        with stream:
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):
+                self.total += len(chunk)
+                if self.tail:
+                    self.kept = (self.kept + chunk)[-self.limit:]
+                else:
+                    self.kept += chunk[: max(0, self.limit - len(self.kept))]
+
+
+def _feed(stream: Any, payload: bytes) -> None:
+    try:
+        with stream:
+            stream.write(payload)
+    except OSError:   # it exited, or closed stdin, without reading all of it: its answer says the rest
+        pass
 
 
 def _kill_group_but_self() -> None:
