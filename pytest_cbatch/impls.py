@@ -113,6 +113,9 @@ class Implementation:
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
     replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
     bounds: Bounds | None = None  # the in-process limits of its calls (None: it bounds itself, e.g. a process)
+    # The report claims (contract.CLAIMS) this kind may make: none, unless the kind is a live server or the
+    # resolver trusts it (an engine adapter registered as an entry point); the report itself never decides.
+    claims: frozenset[str] = frozenset()
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
@@ -329,7 +332,11 @@ def _resolve(spec: str, limits: Bounds, rootdir: str | None, tick_seconds: float
         target = impls[spec]
         module, _, attr = target.partition(":")
         obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
-        return python(obj, f"entry point {spec} = {target}")
+        from .contract import CLAIMS
+
+        impl = python(obj, f"entry point {spec} = {target}")
+        impl.claims = CLAIMS  # registered with the kit: an engine adapter may report what it cannot observe
+        return impl
     if os.path.isdir(_resolve_path(spec, spec, rootdir)):
         return _with_replay(python(_load_folder(spec, spec, rootdir), f"folder {spec}"), spec, rootdir)
     if all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]):

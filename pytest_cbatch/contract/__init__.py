@@ -19,7 +19,7 @@ from __future__ import annotations
 import gc
 import re
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 # Importing the families registers their clauses; this order is the clause table's order.
 from . import requests  # noqa: F401  (isort: skip)
@@ -30,19 +30,30 @@ from .core import (
 )
 
 __all__ = [
-    "CLAUSES", "RUNNER_CLAUSES", "Clause", "Violation", "ReportIndex",
-    "check_report", "clause_ids", "required_blocks", "schema_kinds", "unobservable", "clause",
+    "CLAIMS", "CLAUSES", "RUNNER_CLAUSES", "Clause", "Violation", "ReportIndex",
+    "check_report", "claim_violations", "clause_ids", "required_blocks", "schema_kinds", "unobservable", "clause",
 ]
+
+CLAIMS: frozenset[str] = frozenset({"observed", "time_unit"})
+"""The report fields that narrow what is judged: ``observed`` (the event kinds the report can see; clauses
+that need others are skipped) and ``time_unit`` ``seconds`` (times with slack, determinism not judged).
+Only an implementation kind that declares them has them honoured (``Implementation.claims``: a live
+``http:`` server, an engine adapter registered as a ``pytest_cbatch.impls`` entry point); from any other
+kind they are ``schema_valid`` violations and every clause is judged as if they were absent."""
+
+CLAIMANTS = "a live http: server or an engine adapter registered as a pytest_cbatch.impls entry point"
 
 def clause_ids() -> list[str]:
     """Every clause id, report clauses first, in registration order."""
     return list(CLAUSES) + list(RUNNER_CLAUSES)
 
 
-def unobservable(cid: str, report: Mapping[str, Any]) -> str | None:
-    """Why clause ``cid`` cannot be judged on ``report`` (it lacks the events it needs), or None."""
+def unobservable(cid: str, report: Mapping[str, Any], honoured: Collection[str] = ()) -> str | None:
+    """Why clause ``cid`` cannot be judged on ``report`` (it lacks the events it needs), or None.
+
+    Only a report whose ``observed`` claim is ``honoured`` (see ``CLAIMS``) can hide a clause."""
     found = CLAUSES.get(cid)
-    observed = report.get("observed")
+    observed = report.get("observed") if "observed" in honoured and isinstance(report, Mapping) else None
     if found is None or not found.needs or observed is None:
         return None
     missing = sorted(found.needs - set(observed))
@@ -50,6 +61,30 @@ def unobservable(cid: str, report: Mapping[str, Any]) -> str | None:
         return None
     return (f"not observable from this report: {cid} needs {', '.join(missing)} events, and the report "
             f"(time_unit {report.get('time_unit')!r}) observes only {', '.join(observed) or 'nothing'}")
+
+
+def claim_violations(report: Any, honoured: Collection[str] = (), claimant: str = "") -> list[Violation]:
+    """The ``schema_valid`` violations of ``report``'s claims (see ``CLAIMS``) that are not ``honoured``.
+
+    ``claimant`` names the implementation in the message (e.g. ``file hostile.py``)."""
+    if not isinstance(report, Mapping):
+        return []
+    source = f"it is not honoured from {claimant}" if claimant else "this implementation's kind declares no claims"
+    out = []
+    if "observed" not in honoured and "observed" in report:
+        out.append(Violation("schema_valid", f"/observed: `observed` narrows what is judged, so it may only be "
+                                             f"declared by {CLAIMANTS}; {source}, and every clause is judged as "
+                                             f"if it were absent"))
+    if "time_unit" not in honoured and "time_unit" in report and report["time_unit"] != "synthetic_tick":
+        out.append(Violation("schema_valid", f"/time_unit: {_safe_repr(report['time_unit'])} relaxes what is "
+                                             f"judged, so only {CLAIMANTS} may declare it; {source}: expected "
+                                             f"'synthetic_tick', and times are judged as ticks"))
+    return out
+
+
+def _safe_repr(value: Any) -> str:
+    text = repr(value) if isinstance(value, (str, int, float, bool, type(None))) else f"a {type(value).__name__}"
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _kind(path: str, message: str) -> tuple[str, str]:
@@ -75,6 +110,8 @@ def check_report(
     *,
     clauses: Sequence[str] | None = None,
     max_per_clause: int = 20,
+    honoured: Collection[str] = (),
+    claimant: str = "",
 ) -> list[Violation]:
     """Check ``report`` (produced from ``trace`` under ``config``) against the contract.
 
@@ -84,18 +121,26 @@ def check_report(
     that is not schema-valid yields only its ``schema_valid`` violations: the
     first issue of each distinct kind, then the rest up to ``max_per_clause``.
     Clauses the report cannot observe (see ``unobservable``) are not checked.
+
+    ``honoured`` names the claims (see ``CLAIMS``) the implementation's kind may make; the default,
+    none, is the strict case: a claim is then a ``schema_valid`` violation (``claim_violations``,
+    naming ``claimant``) and every clause is still judged, as if the report did not make it.
     """
     from ..schemas import schema_issues
 
+    claims = claim_violations(report, honoured, claimant)
+    strict = report
+    if any(v.message.startswith("/time_unit") for v in claims):  # validated as the tick report it must then be
+        strict = {**report, "time_unit": "synthetic_tick"}
     with _collector_paused():
-        issues = schema_issues(report, "report", limit=max(200, max_per_clause))
+        issues = schema_issues(strict, "report", limit=max(200, max_per_clause))
         if issues:
-            return _schema_violations(issues, max_per_clause)
-        index = ReportIndex(report, trace, config)
+            return claims + _schema_violations(issues, max_per_clause)
+        index = ReportIndex(report, trace, config, honoured)
         chosen = [c for cid, c in CLAUSES.items()
                   if c.check is not None and (clauses is None or cid in clauses) and index.observes(c.needs)]
         index.replaying = [c.id for c in chosen if c.at]   # one replay judges them all
-        out: list[Violation] = []
+        out: list[Violation] = [] if clauses is not None and "schema_valid" not in clauses else claims
         for c in chosen:
             cid = c.id
             found = 0
