@@ -21,6 +21,7 @@ ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(CLAUSES) + tuple(RUNNER_CL
 
 COMPLETES_STATEMENT = "The implementation returns a report for every valid trace and config it supports."
 NO_REPORT = "no report to check (see clause 'completes')"
+SCHEMA_BLOCKED = "the report fails schema_valid, so this clause was not checked"
 
 
 @dataclass
@@ -102,8 +103,7 @@ class Judge:
             found = [Violation(clause, f"the implementation mutated its input: {out.mutated}")] if out.mutated else []
             return ClauseResult(clause, "fail" if found else "pass", found, report=report)
         if not run.schema_ok and clause != "schema_valid":
-            return ClauseResult(clause, "skip", reason="the report fails schema_valid, so this clause was not checked",
-                                report=report, blocked_by="schema_valid")
+            return ClauseResult(clause, "skip", reason=SCHEMA_BLOCKED, report=report, blocked_by="schema_valid")
         hidden = unobservable(clause, report, self.honoured)
         if hidden is None and clause == "deterministic" and "time_unit" in self.honoured and \
                 report.get("time_unit") == "seconds":

@@ -2,7 +2,10 @@
 
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
-passes on every workload it ran on), one per lifecycle clause and one per
+passes on every workload it ran on and every workload the submission did not
+declare unsupported was one it ran on: a workload where the submission failed
+``completes`` or ``schema_valid``, or whose report hid what the clause needs,
+counts as not passed), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
 same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
@@ -46,8 +49,11 @@ class Submission:
 @dataclass
 class _Tally:
     ran: int = 0
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)   # a declared capability the workload needs
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
+    # Not judged because the submission failed there (no report, an unreadable one) or its report hid what
+    # the clause needs: never a pass.
+    blocked: list[tuple[Case, ClauseResult]] = field(default_factory=list)
 
 
 def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -163,6 +169,9 @@ def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_l
 
 
 def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
+    if result.status == "skip" and (result.blocked_by or result.unobservable):
+        tally.blocked.append((case, result))
+        return
     if result.status == "skip":
         tally.skipped.append(result.reason)
         return
@@ -175,19 +184,21 @@ def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, o
                  hidden_log: list[str]) -> TestResult:
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran:
+    if not tally.ran and not tally.blocked:
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
-    if not tally.failed:
+    if not tally.failed and not tally.blocked:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})", tags=tags)
+    lines = []
+    if tally.blocked:
+        lines.append(_blocked_line(cid, tally, plan))
     shown = [(c, r) for c, r in tally.failed if c.kind != "hidden" or plan.hidden_visible]
-    withheld = len(tally.failed) - len(shown)
-    labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
-    more = len(shown) - len(labels)
-    lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
-             + ", ".join(labels) + (f" and {more} more" if more else "")
-             + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else "")]
+    if tally.failed:
+        lines.append(f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
+                     + _labels(shown, len(tally.failed) - len(shown)))
+    elif tally.ran:
+        lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
     if shown:
         lines.append(_explain(judge, cid, *shown[0], spec, out_dir))
     for case, result in tally.failed:
@@ -196,13 +207,38 @@ def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, o
     return TestResult(name, False, "\n".join(lines), tags=tags)
 
 
+def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
+    """The first workloads' labels, then how many more, and how many hidden ones are withheld."""
+    labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
+    more = len(shown) - len(labels)
+    return (", ".join(labels) + (f" and {more} more" if more else "")
+            + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else ""))
+
+
+def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
+    """Why the workloads the clause never saw count against it: the clause the submission failed there."""
+    by: dict[str, list[tuple[Case, ClauseResult]]] = {}
+    for case, result in tally.blocked:
+        by.setdefault(result.blocked_by or "an unobservable report", []).append((case, result))
+    parts = []
+    for cause, cases in by.items():
+        shown = [(c, r) for c, r in cases if c.kind != "hidden" or plan.hidden_visible]
+        what = (f"the submission failed {cause} there" if cause in ("completes", "schema_valid")
+                else "its report did not show what the clause needs (it declared the events it observes)")
+        parts.append(f"{len(cases)} workload(s) because {what}: {_labels(shown, len(cases) - len(shown))}")
+    return (f"not passed: {cid} could not be judged on " + "; on ".join(parts)
+            + " (a workload the submission failed is not one its clauses passed)")
+
+
 def _kinds(tally: _Tally, plan: Plan) -> str:
     counts = plan.counts()
     parts = [f"{counts['fixed']} fixed", f"{counts['generated']} generated"]
     if counts["hidden"]:
         parts.append(f"{counts['hidden']} hidden")
     if tally.skipped:
-        parts.append(f"{len(tally.skipped)} skipped")
+        parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")
+    if tally.blocked:
+        parts.append(f"{len(tally.blocked)} not judged, counted as not passed")
     return "of " + ", ".join(parts)
 
 
