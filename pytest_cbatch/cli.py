@@ -320,6 +320,8 @@ def _clauses(argv: list[str]) -> int:
     if args.markdown:
         sys.stdout.write(clause_table())
         return 0
+    print(f"# the contract's {1 + len(CLAUSES) + len(RUNNER_CLAUSES)} clauses: completes, {len(CLAUSES)} judged on "
+          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself")
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
         print(f"{c.id}: {c.statement}")
