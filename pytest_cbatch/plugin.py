@@ -121,7 +121,11 @@ class CbatchState:
 
     def judged(self) -> list[str]:
         """The clauses (and lifecycle parts, numeric checks) that passed or failed on some test."""
-        return sorted(c for c, n in self.outcomes.items() if n["passed"] + n["failed"] + n["xfailed"] + n["xpassed"])
+        return sorted(c for c, n in self.outcomes.items() if _verdicts(n))
+
+    def judged_nothing(self) -> bool:
+        """Whether no suite test (of any part, generated traces included) passed or failed."""
+        return bool(self.parts) and not any(_verdicts(n) for n in self.parts.values())
 
     @property
     def judge(self) -> Any:
@@ -428,7 +432,7 @@ class _Reporter:
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         """A run whose suite tests judged no clause of the implementation is no pass: it ends non-zero."""
         worker = hasattr(session.config, "workerinput")  # under xdist the controller, which sees every test, decides
-        if self.state.parts and not self.state.judged() and exitstatus == pytest.ExitCode.OK and not worker:
+        if self.state.judged_nothing() and exitstatus == pytest.ExitCode.OK and not worker:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
@@ -463,7 +467,7 @@ class _Reporter:
                           f"{len(blocked)} clauses ({_few(sorted(blocked))}) were skipped because completes or "
                           f"schema_valid failed on their workload; those clauses are not passed there (see the "
                           f"failures of completes and schema_valid).", red=True, bold=True)
-        if not ran:
+        if self.state.judged_nothing():
             tr.write_line(f"NOTHING JUDGED: no clause was judged for {self.state.spec}, so this run proves nothing "
                           f"and ends non-zero; see why with -rs.", red=True, bold=True)
         hidden = self.state.unobservable
@@ -496,6 +500,11 @@ def _stopped_text(item: pytest.Item, state: CbatchState, stopped: Any) -> str:
     if part and str(what).startswith("lifecycle."):
         lines.append(f"rerun: pytest --cbatch-impl={state.spec} -k 'test_lifecycle and {part}'")
     return "\n".join(lines)
+
+
+def _verdicts(counts: Mapping[str, int]) -> int:
+    """How many of the tests counted in ``counts`` reached a verdict (not skipped, not an error)."""
+    return counts["passed"] + counts["failed"] + counts["xfailed"] + counts["xpassed"]
 
 
 def _judged_text(outcomes: Mapping[str, Any], judged: Sequence[str]) -> str:

@@ -58,7 +58,8 @@ class Judge:
     def __init__(self, impl: Implementation) -> None:
         self.impl = impl
         self.honoured: frozenset[str] = frozenset(getattr(impl, "claims", frozenset()))
-        self.claimant: str = getattr(impl, "source", "") or impl.spec
+        source = getattr(impl, "source", "")
+        self.claimant: str = f"{impl.spec} ({source})" if source else impl.spec
         self._runs: dict[str, _Run] = {}
 
     def _key(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str:
