@@ -142,6 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = _setting(config, "impl")
     if not spec:
         return
+    _refuse_unknown_ini(config)
     from .impls import ImplementationError, resolve_impl
 
     from .bounded import Bounds
@@ -199,6 +200,24 @@ def pytest_configure(config: pytest.Config) -> None:
     from .expect import configure as configure_expectations
 
     configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
+
+
+def _refuse_unknown_ini(config: pytest.Config) -> None:
+    """A ``cbatch_*`` ini key pytest does not know (``cbatch_timout``) is a usage error naming the nearest one:
+    left a warning, the limit or setting the user meant would silently not apply."""
+    from .spelling import unknown_name
+
+    def registered(name: str) -> bool:
+        try:
+            config.getini(name)
+        except ValueError:
+            return False
+        return True
+
+    known = [name for name in vars(config.option) if name.startswith("cbatch_") and registered(name)]
+    for key in getattr(config, "inicfg", {}):
+        if key.startswith("cbatch") and not registered(key):
+            raise pytest.UsageError(f"{config.inipath or 'the ini file'}: {unknown_name('ini key', key, known)}")
 
 
 def _faulthandler_timeout(config: pytest.Config) -> bool:

@@ -275,6 +275,7 @@ def test_cbatch_check_keeps_0_as_no_limit(capsys: pytest.CaptureFixture) -> None
     (["--cbatch-timeout=nan"], "", "--cbatch-timeout (ini cbatch_timeout) must be 0 (no limit) or a positive, finite"),
     (["--cbatch-memory=-1"], "", "--cbatch-memory (ini cbatch_memory) must be 0 (no limit)"),
     ([], "cbatch_timeout = inf\n", "--cbatch-timeout (ini cbatch_timeout) must be 0 (no limit)"),
+    ([], "cbatch_timout = 5\n", "unknown ini key 'cbatch_timout' (did you mean 'cbatch_timeout'?"),
 ])
 def test_pytest_refuses_unknown_settings_and_limits_that_are_no_limit(
         pytester: pytest.Pytester, args: list[str], ini: str, words: str) -> None:
