@@ -185,6 +185,28 @@ def test_an_honoured_claim_that_hides_a_clause_is_never_full_marks(tmp_path: Pat
     assert tests["contract.schema_valid"].passed   # honoured here: the claim itself is no violation
 
 
+def test_a_report_cannot_excuse_its_own_short_answers() -> None:
+    """``server.ignore_eos: false`` (a live server refused to force lengths) lets a row that finished with
+    ``stop`` be short; from code whose kind declares no claims it is a violation and excuses nothing."""
+    from pytest_cbatch.contract import check_report
+
+    trace = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 3}]
+    report = reference(copy.deepcopy(trace), **CONFIG)
+    last = max(i for i, ev in enumerate(report["events"]) if ev["event"] == "token")
+    del report["events"][last]
+    finished = next(ev for ev in report["events"] if ev["event"] == "finished")
+    finished["time"] = max(ev["time"] for ev in report["events"] if ev["event"] == "token")
+    row = report["requests"]["a"]
+    row.update(output_tokens=2, token_times=row["token_times"][:2], itl_ticks=row["itl_ticks"][:1],
+               finish_reason="stop")
+    report["server"] = {"ignore_eos": False}
+    strict = check_report(report, trace, CONFIG, claimant="file short.py")
+    assert "finished_outputs_complete" in {v.clause for v in strict}
+    assert any(v.message.startswith("/server/ignore_eos: false") for v in strict), strict
+    honoured = check_report(report, trace, CONFIG, honoured=CLAIMS)
+    assert "finished_outputs_complete" not in {v.clause for v in honoured}, honoured
+
+
 def _load(path: Path) -> Any:
     from pytest_cbatch.impls import resolve_impl
 

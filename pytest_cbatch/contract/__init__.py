@@ -34,9 +34,10 @@ __all__ = [
     "check_report", "claim_violations", "clause_ids", "required_blocks", "schema_kinds", "unobservable", "clause",
 ]
 
-CLAIMS: frozenset[str] = frozenset({"observed", "time_unit"})
+CLAIMS: frozenset[str] = frozenset({"observed", "time_unit", "server.ignore_eos"})
 """The report fields that narrow what is judged: ``observed`` (the event kinds the report can see; clauses
-that need others are skipped) and ``time_unit`` ``seconds`` (times with slack, determinism not judged).
+that need others are skipped), ``time_unit`` ``seconds`` (times with slack, determinism not judged) and
+``server.ignore_eos`` false (the server refused to force lengths: a row finished with ``stop`` may be short).
 Only an implementation kind that declares them has them honoured (``Implementation.claims``: a live
 ``http:`` server, an engine adapter registered as a ``pytest_cbatch.impls`` entry point); from any other
 kind they are ``schema_valid`` violations and every clause is judged as if they were absent."""
@@ -81,6 +82,11 @@ def claim_violations(report: Any, honoured: Collection[str] = (), claimant: str 
         out.append(Violation("schema_valid", f"/time_unit: 'seconds' relaxes what is judged, so only {CLAIMANTS} "
                                              f"may declare it; {source}: expected 'synthetic_tick', and times are "
                                              f"judged as ticks"))
+    server = report.get("server")
+    if "server.ignore_eos" not in honoured and isinstance(server, Mapping) and server.get("ignore_eos") is False:
+        out.append(Violation("schema_valid", f"/server/ignore_eos: false excuses requests that finish short, so only "
+                                             f"{CLAIMANTS} may declare it; {source}, and every finished request must "
+                                             f"emit its requested tokens"))
     return out
 
 

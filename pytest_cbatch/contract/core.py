@@ -174,7 +174,8 @@ class ReportIndex:
         self.cfg: dict[str, Any] = {**report["config"], **config}
         self.bs: int = self.cfg.get("block_size", 1)   # a client-side report may not know the pool
         self.capacity: int = self.cfg.get("capacity", 0)
-        observed = report.get("observed") if "observed" in honoured else None   # see contract.CLAIMS
+        self.honoured = frozenset(honoured)   # the report claims its kind may make: see contract.CLAIMS
+        observed = report.get("observed") if "observed" in honoured else None
         self.observed: frozenset[str] | None = None if observed is None else frozenset(observed)
         self.seconds = "time_unit" in honoured and report.get("time_unit") == "seconds"
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
