@@ -66,8 +66,9 @@ def _check_parser() -> argparse.ArgumentParser:
                         "otherwise an unknown setting is a usage error)")
     parser.add_argument("--honour-claims", action="store_true",
                         help="with --report: the report comes from a live server's client or an engine adapter "
-                             "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' narrow what is judged "
-                             "(without it they are schema_valid violations and every clause is judged)")
+                             "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
+                             "narrow what is judged (without it they are schema_valid violations and every clause "
+                             "is judged)")
     return parser
 
 
