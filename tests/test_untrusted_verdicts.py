@@ -207,6 +207,21 @@ def test_a_report_cannot_excuse_its_own_short_answers() -> None:
     assert "finished_outputs_complete" not in {v.clause for v in honoured}, honoured
 
 
+def test_cbatch_check_honours_a_recorded_reports_claims_only_when_told(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    from test_contract_freedoms import client_report
+
+    report, trace, _config = client_report()
+    paths = [tmp_path / "live.json", tmp_path / "trace.jsonl"]
+    paths[0].write_text(json.dumps(report), encoding="utf-8")
+    paths[1].write_text("".join(json.dumps(line) + "\n" for line in trace), encoding="utf-8")
+    argv = ["check", "--report", str(paths[0]), "--trace", str(paths[1])]
+    assert cli.main(argv) == 1
+    assert "[schema_valid] /observed: `observed` narrows what is judged" in capsys.readouterr().out
+    assert cli.main([*argv, "--honour-claims"]) == 0
+    assert "skip " in capsys.readouterr().out   # what a client cannot see is skipped, and says so
+
+
 def _load(path: Path) -> Any:
     from pytest_cbatch.impls import resolve_impl
 
