@@ -157,10 +157,17 @@ def test_a_forged_observed_list_fails_under_pytest(pytester: pytest.Pytester, is
 
 
 def test_a_forged_observed_list_fails_under_cbatch_grade(tmp_path: Path) -> None:
-    tests = grade_file(tmp_path, "forger", FORGER)
-    failed = {name for name, t in tests.items() if not t.passed}
-    assert {f"contract.{c}" for c in (*HIDDEN_BUGS, "schema_valid")} <= failed, failed
-    assert "may only be declared by" in tests["contract.schema_valid"].output
+    submissions = tmp_path / "submissions"
+    submissions.mkdir()
+    write(submissions, "forger", FORGER)
+    tiny_rubric(tmp_path)
+    assert cli.main(["grade", str(submissions), "--out", str(tmp_path / "out"), "--rubric",
+                     str(tmp_path / "rubric.toml"), "--jobs", "1", "--quiet"]) == 0
+    doc = json.loads((tmp_path / "out" / "forger" / "results.json").read_text(encoding="utf-8"))
+    tests = {t["name"]: t for t in doc["tests"]}
+    failed = {name for name, t in tests.items() if t["score"] < t["max_score"]}
+    assert failed == {f"contract.{c}" for c in (*HIDDEN_BUGS, "schema_valid")}, failed
+    assert "may only be declared by" in tests["contract.schema_valid"]["output"]
 
 
 def test_an_honoured_claim_that_hides_a_clause_is_never_full_marks(tmp_path: Path) -> None:
