@@ -309,6 +309,15 @@ def test_cbatch_check_refuses_unknown_settings_and_limits_that_are_no_limit(
     assert words in capsys.readouterr().err
 
 
+def test_a_hidden_workload_with_a_misspelt_setting_names_the_nearest(tmp_path: Path) -> None:
+    from pytest_cbatch.grading.plan import load_hidden_trace
+
+    path = tmp_path / "typo.jsonl"
+    path.write_text(json.dumps({"config": {"capcity": 4}}) + "\n" + json.dumps(TRACE[0]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"typo.jsonl:1: unknown setting 'capcity' \(did you mean 'capacity'\?"):
+        load_hidden_trace(path)
+
+
 def test_cbatch_check_keeps_0_as_no_limit(capsys: pytest.CaptureFixture) -> None:
     assert cli.main(["check", "--impl", "reference", "--timeout", "0", "--memory", "0"]) == 0
 
