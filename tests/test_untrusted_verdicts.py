@@ -119,6 +119,19 @@ def test_the_trace_shows_each_bug_to_an_honest_judge() -> None:
     assert report["requests"]["one"]["output_tokens"] == 1
 
 
+def test_only_live_servers_and_registered_engines_declare_claims(tmp_path: Path) -> None:
+    from pytest_cbatch.impls import resolve_impl
+
+    path = write(tmp_path, "plain", "from pytest_cbatch.reference.scheduler_sim import simulate\n")
+    assert resolve_impl("reference").claims == CLAIMS                       # an entry point
+    assert resolve_impl(str(path)).claims == frozenset()                    # a file
+    assert resolve_impl(str(tmp_path / "plain.py") + ":simulate").claims == frozenset()
+    assert resolve_impl("pytest_cbatch.reference").claims == frozenset()    # a module named directly
+    assert resolve_impl(UNSUPPORTED).claims == frozenset()                  # exec:
+    pytest.importorskip("aiohttp")
+    assert resolve_impl("http://127.0.0.1:9").claims == CLAIMS
+
+
 def test_a_forged_observed_list_fails_schema_valid_and_hides_nothing_in_process(tmp_path: Path) -> None:
     path = write(tmp_path, "forger", FORGER)
     judge = Judge(PythonImplementation(str(path), _load(path), f"file {path.name}"))
