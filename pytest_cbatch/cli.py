@@ -13,8 +13,9 @@
     cbatch load --concurrency 1 2 4 ...       load sweep with vLLM bench serve's metrics (live extra)
     cbatch invariance --max-batch N           batch-invariance sweep over HTTP (live extra)
 
-``cbatch check`` exits 0 only when every clause holds, 1 when one is violated,
-and 2 on bad input (unreadable files, invalid trace, unknown SPEC).
+``cbatch check`` exits 0 only when every clause it judged holds and it judged one, 1 when one is
+violated or nothing was judged, and 2 on bad input (unreadable files, invalid trace, unknown SPEC or
+setting, a limit that is not a finite number >= 0).
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def _check_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cbatch check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Check a scheduler against the contract: run an implementation on a trace (--impl), or check "
-                    "a report recorded elsewhere (--report). Exit 0 when every clause holds, 1 when one is "
-                    "violated, 2 on bad input.")
+                    "a report recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is "
+                    "violated or nothing was judged, 2 on bad input.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--impl", metavar="SPEC", help="run this implementation (same SPEC forms as --cbatch-impl)")
     source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything "
@@ -53,9 +54,9 @@ def _check_parser() -> argparse.ArgumentParser:
                         help="also check clause course_results: the exact results the course states and its "
                              "published simulator gives, under reserve admission (for a course assignment; an "
                              "engine's policy differs by design)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_SECONDS, metavar="SECONDS",
+    parser.add_argument("--timeout", type=_limit("--timeout", "seconds"), default=DEFAULT_SECONDS, metavar="SECONDS",
                         help="time limit of one run of the implementation (in process or exec:); 0: none")
-    parser.add_argument("--memory", type=float, default=DEFAULT_MEMORY_MIB, metavar="MIB",
+    parser.add_argument("--memory", type=_limit("--memory", "MiB"), default=DEFAULT_MEMORY_MIB, metavar="MIB",
                         help="how much one in-process run may grow this process's memory, in MiB; 0: no limit")
     parser.add_argument("--tick-seconds", type=float, default=0.05, metavar="SECONDS",
                         help="seconds per trace tick against an http:// live server")
@@ -68,8 +69,27 @@ def _check_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", choices=["continuous", "serial"], help="default continuous")
     parser.add_argument("--admission", choices=["reserve", "optimistic"], help="default reserve")
     parser.add_argument("--config-json", metavar="JSON", help="settings as a JSON object, over the flags, passed "
-                        "as they are (with --clause invalid_input_refused: an invalid config to be refused)")
+                        "as they are (with --clause invalid_input_refused: an invalid config to be refused; "
+                        "otherwise an unknown setting is a usage error)")
+    parser.add_argument("--honour-claims", action="store_true",
+                        help="with --report: the report comes from a live server's client or an engine adapter "
+                             "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
+                             "narrow what is judged (without it they are schema_valid violations and every clause "
+                             "is judged)")
     return parser
+
+
+def _limit(option: str, unit: str) -> Any:
+    """An argparse type for a limit: a finite number >= 0 (see ``bounded.parse_limit``)."""
+    from .bounded import parse_limit
+
+    def parse(text: str) -> float:
+        try:
+            return parse_limit(text, option, unit)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _raw_trace(path: str) -> list[Any]:
@@ -98,7 +118,8 @@ def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) 
         print(line)
     if result.status == "skip":
         print(f"skip  invalid_input_refused: {result.reason}")
-        return 0
+        print("FAILED: nothing judged: the implementation did not answer the invalid input")
+        return 1
     if result.status == "fail":
         print("FAILED: 1 of 1 clauses violated: invalid_input_refused")
         return 1
@@ -128,8 +149,10 @@ def _check(argv: list[str]) -> int:
     from .contract import CLAUSES, check_report, clause_ids, out_of_scope, unobservable
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
-    from .reference.scheduler_sim import demo_trace, load_trace, validate_trace
-    from .runner import OPT_IN_CLAUSES, Judge, judged_clauses
+    from .contract import CLAIMS
+    from .reference.scheduler_sim import CONFIG_CHOICES, demo_trace, load_trace, validate_trace
+    from .runner import ALL_CLAUSES, OPT_IN_CLAUSES, Judge, judged_clauses
+    from .spelling import unknown_name
     from .workloads import BASE_CONFIG
 
     args = _check_parser().parse_args(argv)
@@ -154,6 +177,14 @@ def _check(argv: list[str]) -> int:
     if wanted and "invalid_input_refused" in wanted and (len(set(wanted)) > 1 or args.report):
         print("error: --clause invalid_input_refused is checked alone, with --impl (its input is invalid on "
               "purpose)", file=sys.stderr)
+        return 2
+    unknown_key = next((k for k in given if k not in CONFIG_CHOICES), None)
+    if unknown_key is not None and not (wanted and "invalid_input_refused" in wanted):
+        print(f"error: --config-json: {unknown_name('setting', unknown_key, CONFIG_CHOICES)}", file=sys.stderr)
+        return 2
+    if args.honour_claims and not args.report:
+        print("error: --honour-claims is for --report; with --impl the implementation's kind decides",
+              file=sys.stderr)
         return 2
     skipped: dict[str, list[str]] = {}
     stack, stopped = "", False
@@ -182,12 +213,15 @@ def _check(argv: list[str]) -> int:
             print(f"trace: {trace_name}")
             if args.course or "course_results" in (wanted or ()):
                 given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
-            violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in)
+            honoured = CLAIMS if args.honour_claims else frozenset()
+            violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in, honoured=honoured,
+                                      claimant=f"a recorded report ({args.report}) unless --honour-claims says "
+                                               f"where it comes from")
             checked = []
             for cid in wanted or clause_ids(opt_in):
                 if cid not in CLAUSES:
                     continue
-                hidden = unobservable(cid, report) or out_of_scope(cid, given)
+                hidden = unobservable(cid, report, honoured) or out_of_scope(cid, given)
                 if hidden:
                     skipped.setdefault(hidden, []).append(cid)
                 else:
@@ -225,10 +259,20 @@ def _check(argv: list[str]) -> int:
     for reason, clauses in skipped.items():  # one line per reason: a crash does not bury itself under 32 skips
         print(f"skip  {clauses[0]}: {reason}" if len(clauses) == 1 else
               f"skip  {len(clauses)} clauses ({_few(clauses)}): {reason}")
+    unjudged = [c for c in wanted or ALL_CLAUSES if c not in checked and not any(c in v for v in skipped.values())]
+    if unjudged:  # not run by this command at all: say so, so the counts add up to the contract's
+        print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
+              if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
+                                  f"check it alone with --clause invalid_input_refused)")
+    counted = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
     if failed:
-        print(f"FAILED: {len(failed)} of {len(checked)} clauses violated: {', '.join(failed)}")
+        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
         return 1
-    print(f"OK: all {len(checked)} clauses hold")
+    if not checked:
+        print(f"FAILED: nothing judged: none {counted} was judged on this trace (the skip lines above say why); "
+              f"a run that judged nothing proves nothing")
+        return 1
+    print(f"OK: all {len(checked)} clauses judged ({counted}) hold")
     return 0
 
 
@@ -297,6 +341,8 @@ def _clauses(argv: list[str]) -> int:
     if args.markdown:
         sys.stdout.write(clause_table())
         return 0
+    print(f"# the contract's {1 + len(CLAUSES) + len(RUNNER_CLAUSES)} clauses: completes, {len(CLAUSES)} judged on "
+          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself")
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
         print(f"{c.id}: {c.statement}")

@@ -111,6 +111,9 @@ class Implementation:
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
     replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
     bounds: Bounds | None = None  # the in-process limits of its calls (None: it bounds itself, e.g. a process)
+    # The report claims (contract.CLAIMS) this kind may make: none, unless the kind is a live server or the
+    # resolver trusts it (an engine adapter registered as an entry point); the report itself never decides.
+    claims: frozenset[str] = frozenset()
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""

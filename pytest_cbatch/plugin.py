@@ -109,6 +109,7 @@ class CbatchState:
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
+    blocked: dict[str, int] = field(default_factory=dict)              # clause -> checks skipped: it failed there
     part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
     opt_in: tuple[str, ...] = ()                                        # opt-in clauses asked for (--cbatch-course)
     _judge: Any = None
@@ -125,13 +126,25 @@ class CbatchState:
         (those a fixed workload sets itself, because it exists to test them)."""
         return {**config, **{k: v for k, v in self.overrides.items() if k not in explicit}}
 
-    def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False) -> None:
-        """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary."""
+    def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False,
+              blocked: bool = False) -> None:
+        """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary;
+        ``blocked``: a skip because the implementation failed completes or schema_valid on that workload."""
         empty = dict.fromkeys(OUTCOMES, 0)
         self.parts.setdefault(part, dict(empty))[outcome] += 1
         if clause is not None:
             self.outcomes.setdefault(clause, dict(empty))[outcome] += 1
+            if blocked:
+                self.blocked[clause] = self.blocked.get(clause, 0) + 1
         self.unobservable += unobservable
+
+    def judged(self) -> list[str]:
+        """The clauses (and lifecycle parts, numeric checks) that passed or failed on some test."""
+        return sorted(c for c, n in self.outcomes.items() if _verdicts(n))
+
+    def judged_nothing(self) -> bool:
+        """Whether no suite test (of any part, generated traces included) passed or failed."""
+        return bool(self.parts) and not any(_verdicts(n) for n in self.parts.values())
 
     @property
     def judge(self) -> Any:
@@ -148,20 +161,21 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = _setting(config, "impl")
     if not spec:
         return
+    _refuse_unknown_ini(config)
     from .impls import ImplementationError, resolve_impl
 
     from .bounded import Bounds
+
+    from .bounded import parse_limit
 
     limits = {}
     for name, unit in (("timeout", "seconds"), ("memory", "MiB")):
         chosen = _setting(config, name)
         try:
-            limits[name] = float(LIMIT_DEFAULTS[name] if chosen is None else chosen)
-        except ValueError:
-            raise pytest.UsageError(f"--cbatch-{name} (ini cbatch_{name}) must be a number of {unit}, got "
-                                    f"{chosen!r}") from None
-        if limits[name] < 0:
-            raise pytest.UsageError(f"--cbatch-{name} must be 0 (no limit) or a positive number of {unit}")
+            limits[name] = parse_limit(LIMIT_DEFAULTS[name] if chosen is None else chosen,
+                                       f"--cbatch-{name} (ini cbatch_{name})", unit)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     timeout = limits["timeout"]
     left = frozenset(field for name, field in (("timeout", "seconds"), ("memory", "memory_mib"))
                      if _setting(config, name) is None)
@@ -170,10 +184,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if profile not in PROFILES:
         raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     try:
-        tick_seconds = float(_setting(config, "tick_seconds"))
-    except ValueError:
-        raise pytest.UsageError(f"cbatch_tick_seconds must be a number of seconds, got "
-                                f"{_setting(config, 'tick_seconds')!r}") from None
+        tick_seconds = parse_limit(_setting(config, "tick_seconds"), "--cbatch-tick-seconds (ini cbatch_tick_seconds)",
+                                   "seconds")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     try:
         if config.getoption("cbatch_isolate"):
             from .sandbox import IsolatedImplementation, Limits, load_spec_for
@@ -205,6 +219,24 @@ def pytest_configure(config: pytest.Config) -> None:
     from .expect import configure as configure_expectations
 
     configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
+
+
+def _refuse_unknown_ini(config: pytest.Config) -> None:
+    """A ``cbatch_*`` ini key pytest does not know (``cbatch_timout``) is a usage error naming the nearest one:
+    left a warning, the limit or setting the user meant would silently not apply."""
+    from .spelling import unknown_name
+
+    def registered(name: str) -> bool:
+        try:
+            config.getini(name)
+        except ValueError as exc:  # a registered key with a value of the wrong type is not an unknown one
+            return not str(exc).startswith("unknown configuration value")
+        return True
+
+    known = [name for name in vars(config.option) if name.startswith("cbatch_") and registered(name)]
+    for key in getattr(config, "inicfg", {}):
+        if key.startswith("cbatch") and not registered(key):
+            raise pytest.UsageError(f"{config.inipath or 'the ini file'}: {unknown_name('ini key', key, known)}")
 
 
 def _faulthandler_timeout(config: pytest.Config) -> bool:
@@ -241,14 +273,18 @@ def opted_clauses(config: pytest.Config) -> tuple[str, ...]:
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Parse --cbatch-config KEY=VALUE items; a bad one is a usage error naming it."""
     from .reference.scheduler_sim import CONFIG_CHOICES, validate_config
+    from .spelling import unknown_name
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key, text = key.strip(), text.strip()
-        if not sep or key not in CONFIG_CHOICES:
-            raise pytest.UsageError(f"--cbatch-config {item!r}: expected KEY=VALUE with KEY one of "
-                                    f"{', '.join(CONFIG_CHOICES)}")
+        if not sep:
+            raise pytest.UsageError(f"--cbatch-config {item!r} (ini cbatch_config): expected KEY=VALUE with KEY one "
+                                    f"of {', '.join(CONFIG_CHOICES)}")
+        if key not in CONFIG_CHOICES:
+            raise pytest.UsageError(f"--cbatch-config {item!r} (ini cbatch_config): "
+                                    f"{unknown_name('setting', key, CONFIG_CHOICES)}")
         value: Any = text if isinstance(CONFIG_CHOICES[key], tuple) else (int(text) if text.lstrip("-").isdigit()
                                                                         else text)
         try:
@@ -429,8 +465,18 @@ class _Reporter:
             outcome = "error"
         else:
             return
-        self.state.count(part, props.get("cbatch_clause"), outcome,
-                         unobservable=report.skipped and "not observable" in str(report.longrepr))
+        from .runner import NO_REPORT, SCHEMA_BLOCKED
+
+        why = str(report.longrepr) if report.skipped else ""
+        self.state.count(part, props.get("cbatch_clause"), outcome, unobservable="not observable" in why,
+                         blocked=NO_REPORT in why or SCHEMA_BLOCKED in why)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """A run whose suite tests judged no clause of the implementation is no pass: it ends non-zero."""
+        worker = hasattr(session.config, "workerinput")  # under xdist the controller, which sees every test, decides
+        if self.state.judged_nothing() and exitstatus == pytest.ExitCode.OK and not worker:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
@@ -439,13 +485,13 @@ class _Reporter:
             return
         tr.section("pytest-cbatch")
         outcomes = self.state.outcomes
-        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"] + n["xfailed"] + n["xpassed"])
+        ran = self.state.judged()
         failed = sorted(c for c, n in outcomes.items() if n["failed"] + n["error"])
         never = sorted(c for c, n in outcomes.items() if c not in ran and not n["error"])
         total = {k: sum(n[k] for n in parts.values()) for k in OUTCOMES}
         errors = "".join(f", {total[k]} {k}" for k in ("xfailed", "xpassed", "error") if total[k])
-        tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran ({total['passed']} checks "
-                      f"passed, {total['failed']} failed, {total['skipped']} skipped{errors})")
+        tr.write_line(f"impl {self.state.spec}: judged {_judged_text(outcomes, ran)}; {total['passed']} checks "
+                      f"passed, {total['failed']} failed, {total['skipped']} skipped{errors}")
         tr.write_line("by part: " + "; ".join(
             f"{part} {_counts_text(counts)}" + (f" (the whole module: {self.state.part_skips[part]})"
                                                 if part in self.state.part_skips else "")
@@ -458,6 +504,15 @@ class _Reporter:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
             tr.write_line("never ran (skipped on every workload): " + ", ".join(never), yellow=True)
+        blocked = {c: n for c, n in self.state.blocked.items() if c not in failed}
+        if blocked:
+            tr.write_line(f"NOT JUDGED where the implementation failed: {sum(blocked.values())} checks of "
+                          f"{len(blocked)} clauses ({_few(sorted(blocked))}) were skipped because completes or "
+                          f"schema_valid failed on their workload; those clauses are not passed there (see the "
+                          f"failures of completes and schema_valid).", red=True, bold=True)
+        if self.state.judged_nothing():
+            tr.write_line(f"NOTHING JUDGED: no clause was judged for {self.state.spec}, so this run proves nothing "
+                          f"and ends non-zero; see why with -rs.", red=True, bold=True)
         hidden = self.state.unobservable
         if hidden:
             tr.write_line(f"NOT OBSERVABLE: {hidden} checks skipped because this implementation's reports cannot "
@@ -488,6 +543,32 @@ def _stopped_text(item: pytest.Item, state: CbatchState, stopped: Any) -> str:
     if part and str(what).startswith("lifecycle."):
         lines.append(f"rerun: pytest --cbatch-impl={state.spec} -k 'test_lifecycle and {part}'")
     return "\n".join(lines)
+
+
+def _verdicts(counts: Mapping[str, int]) -> int:
+    """How many of the tests counted in ``counts`` reached a verdict (not skipped, not an error)."""
+    return counts["passed"] + counts["failed"] + counts["xfailed"] + counts["xpassed"]
+
+
+def _judged_text(outcomes: Mapping[str, Any], judged: Sequence[str]) -> str:
+    """How many of the selected contract clauses, lifecycle parts and numeric checks were judged, each
+    counted apart and the contract's against its whole clause count (``runner.ALL_CLAUSES``)."""
+    from .runner import ALL_CLAUSES
+
+    groups: dict[str, list[str]] = {"contract": [], "lifecycle": [], "numerics": []}
+    for name in outcomes:
+        groups[name.partition(".")[0] if name.startswith(("lifecycle.", "numerics.")) else "contract"].append(name)
+    words = {"contract": "contract clauses", "lifecycle": "lifecycle parts", "numerics": "numeric checks"}
+    out = []
+    for group, names in groups.items():
+        if names or group == "contract":
+            out.append(f"{sum(n in judged for n in names)} of {len(names)} {words[group]} selected"
+                       + (f" (the contract has {len(ALL_CLAUSES)})" if group == "contract" else ""))
+    return ", ".join(out)
+
+
+def _few(names: Sequence[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:

@@ -168,7 +168,17 @@ def test_bad_rubrics_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "visibility must be one of visible, after_due_date, hidden, after_published" in capsys.readouterr().err
     rubric.write_text("[limits]\ncall_second = 3\n", encoding="utf-8")
     assert grade_main([str(tmp_path), "--out", str(tmp_path / "out"), "--rubric", str(rubric)]) == 2
-    assert "unknown key(s) call_second" in capsys.readouterr().err
+    assert "[limits] unknown key 'call_second' (did you mean 'call_seconds'?" in capsys.readouterr().err
+    for table, words in (("[grading]\ngenerated_exampels = 3", "[grading] unknown key 'generated_exampels' (did you "
+                                                                "mean 'generated_examples'?"),
+                         ("[limit]\ncall_seconds = 3", "unknown table 'limit' (did you mean 'limits'?"),
+                         ("[limits]\ncall_seconds = nan", "[limits].call_seconds: must be a positive, finite number"),
+                         ("[limits]\nsubmission_seconds = inf", "[limits].submission_seconds: must be a positive, "
+                                                                 "finite"),
+                         ("[limits]\ncall_seconds = -1", "[limits].call_seconds: must be a positive number")):
+        rubric.write_text(table + "\n", encoding="utf-8")
+        assert grade_main([str(tmp_path), "--out", str(tmp_path / "out"), "--rubric", str(rubric)]) == 2
+        assert words in capsys.readouterr().err, table
     for grading, words in (('parts = ["scheduler", "gpu"]', "[grading].parts must name one or more of scheduler, "
                             "lifecycle, numerics"), ('parts = []', "[grading].parts must name one or more"),
                            ('sandbox = "docker"', "[grading].sandbox must be one of auto, bwrap, process")):

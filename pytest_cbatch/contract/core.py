@@ -5,7 +5,8 @@ right above its check in one of the family modules (``requests``, ``rows``,
 ``pages``), so a clause id leads to its statement and its code in one place.
 ``needs`` names the event kinds a clause must observe; a report that declares
 what it can observe (a client-side report of a live server lists them in
-``observed``) skips the clauses it cannot judge, with that reason.
+``observed``) skips the clauses it cannot judge, with that reason, where that
+claim is honoured (``contract.CLAIMS``: only from kinds that declare it).
 
 A clause registered with ``at=`` event kinds judges each such event against
 the lifecycle so far: the index replays the events once (``ReportIndex.replayed``)
@@ -171,17 +172,21 @@ class ReportIndex:
     clauses do.
     """
 
-    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
+    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
+                 honoured: Collection[str] = ()):
         self.report = report
         self.trace = trace
         self.events: list[dict[str, Any]] = report["events"]
         self.asked = dict(config)
-        self.cfg: dict[str, Any] = dict(report["config"])
+        # The settings asked for win over the report's: config_recorded judges the report's own, and a report
+        # that records another capacity (say) must not have its pages judged against that one.
+        self.cfg: dict[str, Any] = {**report["config"], **config}
         self.bs: int = self.cfg.get("block_size", 1)   # a client-side report may not know the pool
         self.capacity: int = self.cfg.get("capacity", 0)
-        observed = report.get("observed")
+        self.honoured = frozenset(honoured)   # the report claims its kind may make: see contract.CLAIMS
+        observed = report.get("observed") if "observed" in honoured else None
         self.observed: frozenset[str] | None = None if observed is None else frozenset(observed)
-        self.seconds = report.get("time_unit") == "seconds"
+        self.seconds = "time_unit" in honoured and report.get("time_unit") == "seconds"
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
         self.slack: float = replay_slack(tick) if self.seconds else 0

@@ -2,7 +2,10 @@
 
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
-passes on every workload it ran on), one per lifecycle clause and one per
+passes on every workload it ran on and every workload the submission did not
+declare unsupported was one it ran on: a workload where the submission failed
+``completes`` or ``schema_valid``, or whose report hid what the clause needs,
+counts as not passed), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
 same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
@@ -49,10 +52,13 @@ class Submission:
 @dataclass
 class _Tally:
     ran: int = 0
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)   # a declared capability the workload needs
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
     hidden_ran: int = 0  # hidden workloads the rubric hides from students: counted apart, never shown
-    hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
+    hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # failed or not judged there
+    # Not judged because the submission failed there (no report, an unreadable one) or its report hid what
+    # the clause needs: never a pass.
+    blocked: list[tuple[Case, ClauseResult]] = field(default_factory=list)
 
 
 def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -268,7 +274,23 @@ def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Pl
 
 
 def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
-    """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it."""
+    """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it.
+
+    A skip the submission caused (it failed ``completes`` or ``schema_valid`` there, or its report hid what the
+    clause needs) is never a pass: ``blocked``, or a hidden failure."""
+    blocked = result.status == "skip" and bool(result.blocked_by or result.unobservable)
+    if result.status == "skip" and not blocked:
+        if not withheld:
+            tally.skipped.append(result.reason)
+        return
+    if withheld:
+        tally.hidden_ran += 1
+        if blocked or result.status == "fail":
+            tally.hidden_failed.append((case, result))
+        return
+    if blocked:
+        tally.blocked.append((case, result))
+        return
     if result.status == "skip":
         if not withheld:
             tally.skipped.append(result.reason)
@@ -289,29 +311,53 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
     hides them, is only whether any failed it: never which, how many, their skips or their messages."""
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran and not tally.hidden_ran:
+    if not tally.ran and not tally.blocked and not tally.hidden_ran:
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     for case, result in tally.hidden_failed:
-        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False))
+        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)
+                          if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
     withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
-    if not tally.failed and not tally.hidden_failed:
+    if not tally.failed and not tally.blocked and not tally.hidden_failed:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
                           + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
-    if not tally.failed:
-        return TestResult(name, False, f"failed on hidden workloads (which and how many is withheld); passed on "
-                          f"all {tally.ran} other workloads it ran on ({kinds})", tags=tags)
-    labels = [c.label for c, _ in tally.failed[:_SHOWN_LABELS]]
-    more = len(tally.failed) - len(labels)
-    lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
-             + ", ".join(labels) + (f" and {more} more" if more else "")
-             + ("; it also failed on hidden workloads (which and how many is withheld)" if tally.hidden_failed
-                else "")]
-    first_case = tally.failed[0][0]
-    lines.append(_explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid, *tally.failed[0],
-                          spec, out_dir))
+    lines = [_blocked_line(cid, tally, plan)] if tally.blocked else []
+    if tally.failed:
+        lines.append(f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
+                     + _labels(tally.failed, 0))
+    elif tally.ran:
+        lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
+    if tally.hidden_failed:
+        lines.append("it also failed on hidden workloads (which and how many is withheld)")
+    if tally.failed:
+        first_case = tally.failed[0][0]
+        lines.append(_explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid, *tally.failed[0],
+                              spec, out_dir))
     return TestResult(name, False, "\n".join(lines), tags=tags)
+
+
+def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
+    """The first workloads' labels, then how many more, and how many hidden ones are withheld."""
+    labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
+    more = len(shown) - len(labels)
+    return (", ".join(labels) + (f" and {more} more" if more else "")
+            + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else ""))
+
+
+def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
+    """Why the workloads the clause never saw count against it: the clause the submission failed there."""
+    by: dict[str, list[tuple[Case, ClauseResult]]] = {}
+    for case, result in tally.blocked:
+        by.setdefault(result.blocked_by or "an unobservable report", []).append((case, result))
+    parts = []
+    for cause, cases in by.items():
+        shown = [(c, r) for c, r in cases if c.kind != "hidden" or plan.hidden_visible]
+        what = (f"the submission failed {cause} there" if cause in ("completes", "schema_valid")
+                else "its report did not show what the clause needs (it declared the events it observes)")
+        parts.append(f"{len(cases)} workload(s) because {what}: {_labels(shown, len(cases) - len(shown))}")
+    return (f"not passed: {cid} could not be judged on " + "; on ".join(parts)
+            + " (a workload the submission failed is not one its clauses passed)")
 
 
 def _kinds(tally: _Tally, plan: Plan) -> str:
@@ -320,7 +366,9 @@ def _kinds(tally: _Tally, plan: Plan) -> str:
     if counts["hidden"]:
         parts.append(f"{counts['hidden']} hidden")
     if tally.skipped:
-        parts.append(f"{len(tally.skipped)} skipped")
+        parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")
+    if tally.blocked:
+        parts.append(f"{len(tally.blocked)} not judged, counted as not passed")
     return "of " + ", ".join(parts)
 
 

@@ -42,14 +42,16 @@ Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
 from __future__ import annotations
 
 import fnmatch
+import math
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..sandbox import SANDBOX_MODES, Limits
+from ..spelling import unknown_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,20 +120,21 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"grading", "limits", "hidden", "tests"})
-    if unknown:
-        raise ValueError(f"{source}: unknown table(s) {', '.join(unknown)}; known: grading, limits, hidden, tests")
+    _known(data, ("grading", "limits", "hidden", "tests"), f"{source}:", "table")
     grading = _grading(data.get("grading", {}), source)
     hidden = data.get("hidden", {})
-    extra = sorted(set(hidden) - {"traces", "visibility"})
-    if extra:
-        raise ValueError(f"{source}: [hidden] has unknown key(s) {', '.join(extra)}; known: traces, visibility")
+    _known(hidden, ("traces", "visibility"), f"{source}: [hidden]", "key")
+    limits = data.get("limits", {})
+    _known(limits, [f.name for f in fields(Limits) if f.name != "names"], f"{source}: [limits]", "key")
+    for key, value in limits.items():  # nan passes every comparison and inf never fires: neither is a limit
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{source}: [limits].{key}: must be a positive, finite number, got {value!r}")
     traces = hidden.get("traces")
     if traces is not None and base is None:
         raise ValueError(f"{source}: [hidden].traces needs a rubric file to be relative to")
     return Rubric(
         source=source,
-        limits=Limits.from_mapping(data.get("limits", {}), f"{source}: [limits]"),
+        limits=Limits.from_mapping(limits, f"{source}: [limits]"),
         hidden_traces=(base / traces) if traces is not None and base is not None else None,
         hidden_visibility=_visibility(hidden.get("visibility", "hidden"), f"{source}: [hidden].visibility"),
         rules=tuple(_rule(pattern, value, source) for pattern, value in data.get("tests", {}).items()),
@@ -139,12 +142,20 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     )
 
 
+def _known(values: Mapping[str, Any], known: Sequence[str], where: str, what: str) -> None:
+    """ValueError naming the first key of ``values`` not in ``known``, and the nearest known one."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{where} must be a table, got {values!r}")
+    for key in values:
+        if key not in known:
+            raise ValueError(f"{where} {unknown_name(what, key, known)}")
+
+
 def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    _known(values, list(_GRADING_KEYS), f"{source}: [grading]", "key")
     out: dict[str, Any] = {}
     for key, value in values.items():
-        kind = _GRADING_KEYS.get(key)
-        if kind is None:
-            raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
+        kind = _GRADING_KEYS[key]
         if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
             kind_name = _KIND_NAMES.get(kind, kind.__name__)
             raise ValueError(f"{source}: [grading].{key} must be a {kind_name}, got {value!r}")

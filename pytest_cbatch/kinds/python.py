@@ -27,6 +27,7 @@ import sys
 import types
 from typing import Any, Sequence
 
+from ..contract import CLAIMS
 from ..impls import Implementation, ImplementationError, Kind, PythonImplementation, SpecRequest, available_impls
 
 __all__ = ["FILE", "FOLDER", "FOLDER_NAME", "MODULE", "NAME", "OBJECT", "STUDENT_FILES"]
@@ -76,7 +77,9 @@ def _name_build(request: SpecRequest) -> Implementation:
     target = available_impls()[spec]
     module, _, attr = target.partition(":")
     obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
-    return _python(request, obj, f"entry point {spec} = {target}")
+    impl = _python(request, obj, f"entry point {spec} = {target}")
+    impl.claims = CLAIMS  # registered with the kit: an engine adapter may report what it cannot observe
+    return impl
 
 
 def _module_claims(request: SpecRequest) -> bool:

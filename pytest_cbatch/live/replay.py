@@ -62,6 +62,7 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from ..contract import CLAIMS
 from ..contract.core import replay_slack, required_blocks
 from ..impls import Implementation, ImplementationError, Refused
 from ..reference.scheduler_sim import validate_config, validate_trace
@@ -95,6 +96,8 @@ def split_spec(spec: str) -> tuple[str, str]:
 
 class HttpImplementation(Implementation):
     """A live server, driven over HTTP; reports carry ``time_unit: "seconds"``."""
+
+    claims = CLAIMS  # a client sees no pool and measures seconds: its reports may say so
 
     def __init__(self, spec: str, *, tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0,
                  model: str | None = None) -> None:
