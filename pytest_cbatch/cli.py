@@ -341,11 +341,14 @@ def _clauses(argv: list[str]) -> int:
     if args.markdown:
         sys.stdout.write(clause_table())
         return 0
-    print(f"# the contract's {1 + len(CLAUSES) + len(RUNNER_CLAUSES)} clauses: completes, {len(CLAUSES)} judged on "
-          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself")
+    default = [c for c in CLAUSES.values() if not c.opt_in]
+    opt_in = [c for c in CLAUSES.values() if c.opt_in]
+    print(f"# the contract's {1 + len(default) + len(RUNNER_CLAUSES)} clauses: completes, {len(default)} judged on "
+          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself"
+          + (f"; then {len(opt_in)} judged only when asked for" if opt_in else ""))
     print(f"completes: {COMPLETES_STATEMENT}")
-    for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
-        print(f"{c.id}: {c.statement}")
+    for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
+        print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))
     return 0
 
 

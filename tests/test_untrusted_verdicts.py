@@ -29,7 +29,7 @@ from pytest_cbatch.grading.rubric import Rubric, load_rubric
 from pytest_cbatch.impls import PythonImplementation
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.reference.scheduler_sim import simulate as reference
-from pytest_cbatch.runner import ALL_CLAUSES, Judge
+from pytest_cbatch.runner import ALL_CLAUSES, OPT_IN_CLAUSES, Judge
 from pytest_cbatch.sandbox import LoadSpec
 
 HIDDEN_BUGS = ("ttft_null_on_cancel", "itl_empty_for_one_token", "no_leaked_pages")
@@ -92,7 +92,8 @@ def run_suite(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
 
 def tiny_rubric(tmp_path: Path) -> Rubric:
     path = tmp_path / "rubric.toml"
-    path.write_text('[grading]\ngenerated_examples = 0\nparts = ["scheduler"]\n[limits]\ncall_seconds = 120\n'
+    path.write_text('[grading]\ngenerated_examples = 0\nparts = ["scheduler"]\nkit_imports = "allow"\n'
+                    '[limits]\ncall_seconds = 120\n'
                     '[tests]\n"contract.*" = { points = 2 }\n', encoding="utf-8")
     return load_rubric(path)
 
@@ -359,7 +360,8 @@ def test_every_place_counts_the_same_clauses(pytester: pytest.Pytester, capsys: 
     total = len(ALL_CLAUSES)
     assert cli.main(["clauses"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(f"# the contract's {total} clauses:") and len(lines) == 1 + total
+    opt_in = len(OPT_IN_CLAUSES)
+    assert lines[0].startswith(f"# the contract's {total} clauses:") and len(lines) == 1 + total + opt_in
     assert cli.main(["check", "--impl", "reference"]) == 0
     out = capsys.readouterr().out
     assert f"OK: all {total - 1} clauses judged (of the contract's {total} clauses) hold" in out
