@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..explain import explain_failure, trace_jsonl
+from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import Implementation, ImplementationError
 from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
 from ..sandbox import IsolatedImplementation, LoadSpec
@@ -188,12 +188,14 @@ def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, o
     lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
              + ", ".join(labels) + (f" and {more} more" if more else "")
              + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else "")]
+    picture = None
     if shown:
-        lines.append(_explain(judge, cid, *shown[0], spec, out_dir))
+        text, picture = _explain(judge, cid, *shown[0], spec, out_dir)
+        lines.append(text)
     for case, result in tally.failed:
         if case.kind == "hidden" and not plan.hidden_visible:
-            hidden_log.append(_explain(judge, cid, case, result, spec, out_dir, write=False))
-    return TestResult(name, False, "\n".join(lines), tags=tags)
+            hidden_log.append(_explain(judge, cid, case, result, spec, out_dir, write=False)[0])
+    return TestResult(name, False, "\n".join(lines), tags=tags, picture=picture)
 
 
 def _kinds(tally: _Tally, plan: Plan) -> str:
@@ -207,7 +209,9 @@ def _kinds(tally: _Tally, plan: Plan) -> str:
 
 
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
-             write: bool = True) -> str:
+             write: bool = True) -> tuple[str, str | None]:
+    """The failure's text and, when it is written for the student (``write``) and its workload is not
+    hidden, its picture as an HTML fragment (the page itself is written beside the trace)."""
     trace, original = [dict(line) for line in case.trace], len(case.trace)
     if cid != "invalid_input_refused" and not ((out := judge.run(trace, case.config).outcome).broken or out.stopped):
         smaller = shrink_trace(judge, cid, trace, case.config, max_runs=40)
@@ -219,8 +223,17 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
                            config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
-    return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
-                   f"run the replay command there)" if write else "")
+    text += (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
+             f"run the replay command there)" if write else "")
+    if not write or case.kind == "hidden":  # a hidden workload is never drawn for the student
+        return text, None
+    from ..picture import failure_page, schedule_fragment
+
+    replay = replay_command(spec, filename, case.config, cid)
+    page = failure_page(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
+                        report=result.report, replay=replay, text=text)
+    (out_dir / filename.replace(".jsonl", ".html")).write_text(page, encoding="utf-8")
+    return text, schedule_fragment(result.report, result.violations)
 
 
 # ----------------------------------------------------------------- lifecycle

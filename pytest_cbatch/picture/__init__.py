@@ -62,9 +62,10 @@ def schedule_fragment(report: Mapping[str, Any] | None, violations: Sequence[Any
     return "\n".join([_violations_html(violations), *_figure(report, violations)])
 
 
-def schedule_page(*, heading: str, statement: str, report: Mapping[str, Any] | None, violations: Sequence[Any],
+def schedule_page(*, heading: str, lead: str, report: Mapping[str, Any] | None, violations: Sequence[Any],
                   trace: Sequence[Mapping[str, Any]], replay: str, text: str = "") -> str:
-    """The page of one clause on one trace: statement, violations, figure, then the trace, replay and full text."""
+    """The page of one run: ``lead`` (what was judged), the violations, the figure, then the trace, the replay
+    command and the full failure text."""
     from ..explain import trace_jsonl
 
     lines = trace_jsonl(trace[:MAX_TRACE_LINES]).splitlines()
@@ -72,7 +73,7 @@ def schedule_page(*, heading: str, statement: str, report: Mapping[str, Any] | N
         lines.append(f"... {len(trace) - MAX_TRACE_LINES} more lines (in the replay file)")
     verdict = _violations_html(violations) if violations else \
         '<div class="verdict" style="border-color:#2f855a;background:#f0fff4">no clause violated on this trace</div>'
-    body = [f"<p><b>clause:</b> {esc(statement, 1000)}</p>", verdict, *_figure(report, violations),
+    body = [f"<p>{esc(lead, 1000)}</p>", verdict, *_figure(report, violations),
             f"<h2>trace ({len(trace)} lines)</h2><pre>{esc(chr(10).join(lines), 200_000)}</pre>",
             f"<h2>replay</h2><pre>{esc(replay, 4000)}</pre>"]
     if text:
@@ -87,7 +88,7 @@ def failure_page(*, spec: str, clause: str, workload: str, violations: Sequence[
     from ..explain import clause_statement
 
     return schedule_page(heading=f"[{clause}] failed on workload {workload!r} with {spec}",
-                         statement=clause_statement(clause), report=report, violations=violations, trace=trace,
+                         lead=f"clause: {clause_statement(clause)}", report=report, violations=violations, trace=trace,
                          replay=replay, text=text)
 
 

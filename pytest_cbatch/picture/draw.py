@@ -44,12 +44,11 @@ def legend() -> str:
     keys = [("waiting", "waiting"), ("admitted", "admitted (resident)"), ("prefill", "prefill chunk (tokens)"),
             ("decode", "decode token"), ("recompute", "recompute"), ("preempted", "▼ preempted"),
             ("cancelled", "✕ cancelled"), ("rejected", "✕ rejected"), ("finished", "✓ finished"),
-            ("release", "◆ pages released"), ("allocated", "KV pages in use"), ("draining", "draining pages"),
+            ("release", "◆ pages released"), ("other", "• other event (admission blocked, ...)"), ("allocated", "KV pages in use"), ("draining", "draining pages"),
             ("reserved", "— reserved pages")]
     items = "".join(f'<span><i class="sw" style="background:{COLOURS[k]}"></i>{esc(label)}</span>'
                     for k, label in keys)
-    return (f'<div class="legend">{items}<span><i class="sw" style="background:{MARK}"></i>'
-            f"the violation</span></div>")
+    return f'<div class="legend">{items}</div>'  # the violation's colour is on its label: nothing else has it
 
 
 def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:
