@@ -84,9 +84,10 @@ def png_rgb(data: bytes) -> tuple[int, int, list[bytes]]:
     return width, height, rows
 
 
-def marker_pixels(png: Path, colour: str) -> int:
-    """How many pixels of the screenshot ``png`` are (within a small tolerance) ``colour`` (#rrggbb)."""
+def marker_pixels(png: Path, colour: str, min_x: int = 0) -> int:
+    """How many pixels of the screenshot ``png``, ``min_x`` or more from its left edge, are ``colour`` (#rrggbb,
+    within a small tolerance)."""
     want = bytes.fromhex(colour.lstrip("#"))
     width, _height, rows = png_rgb(png.read_bytes())
-    return sum(1 for row in rows for x in range(width)
+    return sum(1 for row in rows for x in range(min_x, width)
                if all(abs(row[3 * x + c] - want[c]) <= 12 for c in range(3)))

@@ -85,15 +85,19 @@ def _apply(pool: PoolOracle | None, variable: str | None, stmt: ast.stmt) -> str
     if isinstance(stmt, (ast.Assert, ast.With, ast.Try)):
         return None  # a check, or a call the contract says fails and changes nothing
     call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-    if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Attribute) or \
-            not isinstance(call.func.value, ast.Name):
+    callee = call.func if isinstance(call, ast.Call) else None
+    if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name):
+        who = callee.value.id
+    elif isinstance(callee, ast.Name):
+        who = callee.id
+    else:
         return "a step the picture does not replay"
-    if pool is None or call.func.value.id != variable:
-        return f"a call of {call.func.value.id} (the picture replays only the pool's own operations)"
-    method = call.func.attr
+    if pool is None or who != variable or not isinstance(callee, ast.Attribute):
+        return f"a call of {who} (the picture replays only the pool's own operations)"
+    method = callee.attr
     if method in _READS:
         return None
-    args = _literals(call.args)
+    args = _literals(call.args)  # type: ignore[union-attr]
     if method not in _OPS or args is None or len(args) != _OPS[method]:
         return f"pool.{method}(...) (not replayed)"
     try:

@@ -1,0 +1,138 @@
+"""The pages real failures leave, one of each kind, opened in headless Chromium.
+
+A contract clause on a fixed workload and a generated trace (the pytest plugin), a lifecycle part (cbatch
+explain --lifecycle) and a graded submission (its page beside results.json, and its Gradescope output as
+Gradescope would embed it).  Each opens with nothing on the browser's console (the page's
+Content-Security-Policy would log any script or fetch it refused), and a screenshot shows the violation's
+marker.  The browser tests skip where Chromium is missing (tests/browser.py says how to install it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+import sys
+from pathlib import Path
+
+import pytest
+from browser import SKIP_REASON, chromium, console_problems, marker_pixels, screenshot
+
+from pytest_cbatch.grading.evaluate import Submission, grade_submission
+from pytest_cbatch.grading.plan import build_plan
+from pytest_cbatch.grading.rubric import load_rubric
+from pytest_cbatch.picture.markup import MARK, page
+from pytest_cbatch.plugin import suite_dir
+from pytest_cbatch.sandbox import LoadSpec
+
+BROKEN = "pytest_cbatch.examples.broken_schedulers:budget_overrun"
+BRIEF = ("from hypothesis import Phase, settings\n"  # a failing example is drawn as it is found: no shrinking
+         "settings.register_profile('brief', max_examples=5, derandomize=True, database=None, deadline=None,\n"
+         "                           phases=[Phase.explicit, Phase.generate])\n")
+OVERRUN = """from pytest_cbatch.reference.scheduler_sim import simulate as reference
+
+
+def simulate(*args, **kwargs):
+    report = reference(*args, **kwargs)
+    for event in report["events"]:
+        if event["event"] == "dispatch":
+            event["unused_budget"] += 1  # claims a token of budget it spent
+    return report
+"""
+FIGURE_X = 60
+needs_chromium = pytest.mark.skipif(chromium() is None, reason=SKIP_REASON)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One page of each kind, each left by a real failure."""
+    root = tmp_path_factory.mktemp("pictures")
+    project = root / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(BRIEF, encoding="utf-8")
+    others = [f"--ignore={p}" for p in suite_dir().glob("test_*.py") if p.name != "test_contract.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--cbatch-impl={BROKEN}",
+                          "--hypothesis-profile=brief", *others, "-k", "budget_respected-demo and not serial "
+                          "or test_generated_traces and not preemption"],
+                         cwd=project, capture_output=True, text=True, timeout=600)
+    failures = project / ".cbatch-failures"
+    assert f"picture: {failures / 'budget_respected-demo.html'}" in run.stdout, run.stdout[-3000:]
+    lifecycle = root / "lifecycle.html"
+    subprocess.run([sys.executable, "-m", "pytest_cbatch.cli", "explain", "--impl",
+                    "pytest_cbatch.examples.broken_lifecycle:replay_refeed", "--lifecycle", "recompute",
+                    "--examples", "5", "--html", str(lifecycle)], capture_output=True, text=True, timeout=300)
+    graded = _graded(root)
+    return {"contract": failures / "budget_respected-demo.html",
+            "generated": failures / "budget_respected-generated-reserve.html",
+            "lifecycle": lifecycle, **graded}
+
+
+def _graded(root: Path) -> dict[str, Path]:
+    """Grade a one-file submission that overruns the token budget; its page and its Gradescope output."""
+    folder = root / "student"
+    folder.mkdir()
+    source = folder / "sched.py"
+    source.write_text(OVERRUN, encoding="utf-8")
+    rubric = root / "rubric.toml"
+    rubric.write_text('[grading]\nparts = ["scheduler"]\ngenerated_examples = 0\nsandbox = "process"\n'
+                      '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
+    out = root / "graded"
+    out.mkdir()
+    whole = build_plan(load_rubric(rubric))  # the demo workload and one invalid input are enough to fail on
+    plan = replace(whole, cases=tuple(c for c in whole.cases if c.label == "demo"), invalid=whole.invalid[:1])
+    assert plan.cases
+    result = grade_submission(Submission("sched", str(source), LoadSpec(str(source), ("sched.py",))),
+                              load_rubric(rubric), plan, out)
+    doc = result.gradescope()
+    (out / "results.json").write_text(json.dumps(doc), encoding="utf-8")
+    test = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
+    embedded = root / "gradescope.html"  # the test's output as Gradescope would place it in its own page
+    embedded.write_text(page("Gradescope: contract.budget_respected", [test["output"]]), encoding="utf-8")
+    written = sorted(out.glob("budget_respected-*.html"))
+    return {"graded": written[0] if written else out / "missing.html", "gradescope": embedded,
+            "results": out / "results.json"}
+
+
+def test_every_kind_of_failure_leaves_a_page(pages: dict[str, Path]) -> None:
+    for kind in ("contract", "generated", "lifecycle", "graded", "gradescope"):
+        text = pages[kind].read_text(encoding="utf-8")
+        assert f'stroke="{MARK}"' in text or "fails here" in text, kind
+        assert "<script" not in text and "https://" not in text, kind
+
+
+def test_gradescope_shows_a_failing_test_as_html_and_a_passing_one_as_text(pages: dict[str, Path]) -> None:
+    doc = json.loads(pages["results"].read_text(encoding="utf-8"))
+    failing = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
+    assert failing["output_format"] == "html" and "<svg" in failing["output"] and "<pre>" in failing["output"]
+    assert "unused_budget" in failing["output"]
+    passing = [t for t in doc["tests"] if t["status"] == "passed"]
+    assert passing and all("output_format" not in t for t in passing)
+
+
+@needs_chromium
+@pytest.mark.parametrize("kind", ["contract", "generated", "lifecycle", "graded", "gradescope"])
+def test_each_page_opens_in_chromium_without_console_errors(pages: dict[str, Path], kind: str) -> None:
+    problems, dom = console_problems(pages[kind])
+    assert not problems, problems
+    assert ("<svg" in dom) and ("unused_budget" in dom or "lifecycle." in dom), dom[:2000]
+
+
+@needs_chromium
+def test_the_console_check_hears_a_page_that_misbehaves(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.html"
+    bad.write_text('<html><body><script>console.error("boom")</script></body></html>', encoding="utf-8")
+    problems, _dom = console_problems(bad)
+    assert any("boom" in line for line in problems), problems
+
+
+@needs_chromium
+def test_the_screenshot_shows_the_marked_violation(pages: dict[str, Path], tmp_path: Path) -> None:
+    shot = tmp_path / "contract.png"
+    screenshot(pages["contract"], shot, 1000, 600)
+    assert marker_pixels(shot, MARK, min_x=FIGURE_X) > 500  # right of the verdict box's coloured edge: the figure
+    passing = tmp_path / "ok.html"
+    done = subprocess.run([sys.executable, "-m", "pytest_cbatch.cli", "explain", "--impl", "reference",
+                           "--html", str(passing)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    screenshot(passing, tmp_path / "ok.png", 1000, 600)
+    assert marker_pixels(tmp_path / "ok.png", MARK) == 0
