@@ -21,7 +21,7 @@ from browser import SKIP_REASON, chromium, console_problems, marker_pixels, scre
 from pytest_cbatch.grading.evaluate import Submission, grade_submission
 from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import load_rubric
-from pytest_cbatch.picture.markup import MARK, page
+from pytest_cbatch.picture.markup import MARK
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.sandbox import LoadSpec
 
@@ -86,8 +86,8 @@ def _graded(root: Path) -> dict[str, Path]:
     doc = result.gradescope()
     (out / "results.json").write_text(json.dumps(doc), encoding="utf-8")
     test = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
-    embedded = root / "gradescope.html"  # the test's output as Gradescope would place it in its own page
-    embedded.write_text(page("Gradescope: contract.budget_respected", [test["output"]]), encoding="utf-8")
+    embedded = root / "gradescope.html"  # the test's output in a bare page: none of the kit's style sheet
+    embedded.write_text(f"<!DOCTYPE html><html><body>{test['output']}</body></html>", encoding="utf-8")
     written = sorted(out.glob("budget_respected-*.html"))
     return {"graded": written[0] if written else out / "missing.html", "gradescope": embedded,
             "results": out / "results.json"}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .draw import Pin, legend, schedule_svg
-from .markup import esc, number, page
+from .markup import FIGURE, esc, note, number, page, verdict
 from .schedule import schedule_of
 
 __all__ = ["failure_page", "MAX_PINS", "MAX_TEXT", "MAX_TRACE_LINES", "lifecycle_page", "schedule_fragment", "schedule_page"]
@@ -42,19 +42,19 @@ def _pins(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list[P
 
 def _figure(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list[str]:
     if not isinstance(report, Mapping):
-        return ['<p class="note">The implementation gave no report to draw (see the text below).</p>']
+        return [note("The implementation gave no report to draw (see the text below).")]
     pins = _pins(report, violations)
     at = next((p.time for p in pins if p.time is not None), None)
     s = schedule_of(report, focus=[p.request for p in pins if p.request], at=at)
-    notes = [f'<p class="note">Left out to keep this page small: {esc(o, 300)}.</p>' for o in s.omitted]
-    return [legend(), *notes, f'<div class="figure">{schedule_svg(s, pins)}</div>']
+    notes = [note(f"Left out to keep this page small: {esc(o, 300)}.") for o in s.omitted]
+    return [legend(), *notes, f'<div style="{FIGURE}">{schedule_svg(s, pins)}</div>']
 
 
 def _violations_html(violations: Sequence[Any]) -> str:
     items = [f"{i}. {esc(str(v), 600)}" for i, v in enumerate(violations[:MAX_PINS], 1)]
     if len(violations) > MAX_PINS:
         items.append(f"... {len(violations) - MAX_PINS} more (in the text below)")
-    return '<div class="verdict">' + "\n".join(items) + "</div>"
+    return verdict("\n".join(items))
 
 
 def schedule_fragment(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> str:
@@ -71,9 +71,8 @@ def schedule_page(*, heading: str, lead: str, report: Mapping[str, Any] | None, 
     lines = trace_jsonl(trace[:MAX_TRACE_LINES]).splitlines()
     if len(trace) > MAX_TRACE_LINES:
         lines.append(f"... {len(trace) - MAX_TRACE_LINES} more lines (in the replay file)")
-    verdict = _violations_html(violations) if violations else \
-        '<div class="verdict" style="border-color:#2f855a;background:#f0fff4">no clause violated on this trace</div>'
-    body = [f"<p>{esc(lead, 1000)}</p>", verdict, *_figure(report, violations),
+    box = _violations_html(violations) if violations else verdict("no clause violated on this trace", ok=True)
+    body = [f"<p>{esc(lead, 1000)}</p>", box, *_figure(report, violations),
             f"<h2>trace ({len(trace)} lines)</h2><pre>{esc(chr(10).join(lines), 200_000)}</pre>",
             f"<h2>replay</h2><pre>{esc(replay, 4000)}</pre>"]
     if text:
@@ -99,8 +98,8 @@ def lifecycle_page(*, heading: str, failures: Sequence[tuple[str, str]], rerun: 
 
     body = [lifecycle_section(cid, message) for cid, message in failures[:MAX_PINS]]
     if len(failures) > MAX_PINS:
-        body.append(f'<p class="note">{len(failures) - MAX_PINS} more failing clauses (in the text).</p>')
+        body.append(note(f"{len(failures) - MAX_PINS} more failing clauses (in the text)."))
     if not failures:
-        body.append('<div class="verdict" style="border-color:#2f855a;background:#f0fff4">every clause holds</div>')
+        body.append(verdict("every clause holds", ok=True))
     body.append(f"<h2>rerun</h2><pre>{esc(rerun, 2000)}</pre>")
     return page(heading, body)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from .markup import MARK, esc, rect, svg, text, title
+from .markup import MARK, SWATCH, esc, rect, svg, text, title
 from .schedule import Lane, PageCount, Schedule
 
 __all__ = ["COLOURS", "Pin", "legend", "schedule_svg"]
@@ -46,9 +46,9 @@ def legend() -> str:
             ("cancelled", "✕ cancelled"), ("rejected", "✕ rejected"), ("finished", "✓ finished"),
             ("release", "◆ pages released"), ("other", "• other event (admission blocked, ...)"), ("allocated", "KV pages in use"), ("draining", "draining pages"),
             ("reserved", "— reserved pages")]
-    items = "".join(f'<span><i class="sw" style="background:{COLOURS[k]}"></i>{esc(label)}</span>'
-                    for k, label in keys)
-    return f'<div class="legend">{items}</div>'  # the violation's colour is on its label: nothing else has it
+    items = "".join(f'<span style="display:inline-block"><i style="{SWATCH};background:{COLOURS[k]}"></i>'
+                    f"{esc(label)}</span>" for k, label in keys)
+    return f"<div>{items}</div>"  # the violation's colour is on its label: nothing else has it
 
 
 def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:

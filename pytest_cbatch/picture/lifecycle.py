@@ -16,7 +16,7 @@ from typing import Any
 
 from ..lifecycle.clauses import LIFECYCLE_CLAUSES
 from ..lifecycle.oracle import PoolOracle
-from .markup import MARK, clip, esc, rect, svg
+from .markup import MARK, esc, note, rect, svg, verdict
 
 __all__ = ["MAX_STEPS", "lifecycle_section", "script_of", "steps_of"]
 
@@ -157,11 +157,11 @@ def lifecycle_section(cid: str, message: str) -> str:
         mark = f'<b style="color:{MARK}">✖ fails here</b><br>' if last else ""
         rows.append(f'<tr{" class=fail" if last else ""}><td>{i}</td><td><code>{esc(code, 300)}</code></td>'
                     f"<td>{mark}{state}</td></tr>")
-    note = f'<p class="note">{left_out} earlier steps left out.</p>' if left_out else ""
+    skipped = note(f"{left_out} earlier steps left out.") if left_out else ""
     if not steps:
         rows.append("<tr><td></td><td>(the message carries no step script)</td><td></td></tr>")
     return (f"<h2>{esc(cid, 120)}</h2><p><b>clause:</b> {esc(statement, 1000)}</p>"
-            f'<div class="verdict">{esc(clip(head, 2000), 2000)}</div>{note}'
+            f"{verdict(esc(head, 2000))}{skipped}"
             '<table class="steps"><tr><th>step</th><th>operation</th><th>the pool after it (the contract\'s model: '
             'one box per page, coloured by owner, thick edge: pinned)</th></tr>' + "".join(rows) + "</table>"
             f"<details><summary>the failure text</summary><pre>{esc(message, 20_000)}</pre></details>")

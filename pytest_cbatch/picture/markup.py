@@ -12,26 +12,40 @@ import html
 import math
 from typing import Any, Iterable
 
-__all__ = ["MARK", "clip", "esc", "number", "page", "rect", "svg", "text", "title"]
+__all__ = ["FIGURE", "MARK", "SWATCH", "clip", "esc", "note", "number", "page", "rect", "svg", "text", "title",
+           "verdict"]
 
 MARK = "#ff00aa"
 """The colour of the violating event's marker, and of nothing else on a page (the screenshot test looks for it)."""
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
+# Inline styles: the figure and its boxes also travel as a fragment (Gradescope's HTML output) without this page's
+# style sheet.
+FIGURE = "overflow-x:auto;border:1px solid #e2e8f0;padding:4px;margin:6px 0"
+SWATCH = "display:inline-block;width:12px;height:12px;vertical-align:middle;margin:0 4px 0 12px;border:1px solid #718096"
+
+
+def verdict(body: str, ok: bool = False) -> str:
+    """A box of verdict lines (``body`` already escaped): the violation's colour on its edge, green when ``ok``."""
+    edge, ground = ("#2f855a", "#f0fff4") if ok else (MARK, "#fff0f8")
+    return (f'<div style="border-left:6px solid {edge};background:{ground};padding:8px 12px;margin:8px 0 12px;'
+            f'white-space:pre-wrap">{body}</div>')
+
+
+def note(body: str) -> str:
+    """A remark on what the page left out or could not draw (``body`` already escaped)."""
+    return f'<p style="color:#744210;background:#fffbeb;padding:4px 8px;margin:6px 0">{body}</p>'
+
+
 _STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:16px 24px;color:#1a202c;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:18px 0 6px}
-.verdict{border-left:6px solid #ff00aa;background:#fff0f8;padding:8px 12px;margin:8px 0 12px;white-space:pre-wrap}
-.note{color:#744210;background:#fffbeb;padding:4px 8px;margin:6px 0}
 pre{background:#f7fafc;border:1px solid #e2e8f0;padding:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
-.figure{overflow-x:auto;border:1px solid #e2e8f0;padding:4px;margin:6px 0}
 table.steps{border-collapse:collapse;font:13px ui-monospace,Menlo,Consolas,monospace}
 table.steps td{border-bottom:1px solid #edf2f7;padding:2px 8px;vertical-align:middle}
 table.steps code{white-space:pre-wrap}
 table.steps tr.fail td{background:#fff0f8;border-top:2px solid #ff00aa;border-bottom:2px solid #ff00aa}
-.legend span{display:inline-block;margin-right:14px}
-.sw{display:inline-block;width:12px;height:12px;vertical-align:middle;margin-right:4px;border:1px solid #718096}
 """
 
 
