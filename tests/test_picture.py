@@ -220,3 +220,9 @@ def test_a_failing_contract_test_names_its_picture(pytester: pytest.Pytester, wo
     result.stdout.fnmatch_lines([f"picture: {page} (open it in a browser)"])
     assert page.is_file() and (pytester.path / ".cbatch-failures" / f"budget_respected-{workload}.jsonl").is_file()
     assert "unused_budget" in page.read_text(encoding="utf-8")
+
+
+def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:
+    code = "import sys, pytest_cbatch.plugin, pytest_cbatch.explain; print('pytest_cbatch.picture' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -60,7 +60,7 @@ def sweep_figure(results: Sequence[dict[str, Any]], *, mode: str = "closed", tit
         if interval:
             ax.axvspan(*interval, color="#e53e3e", alpha=0.12,
                        label=f"knee: between {interval[0]:g} and {interval[1]:g}")
-        ax.legend(fontsize=8, loc="upper left")
+        ax.legend(fontsize=8, loc="best")
     if title:
         fig.suptitle(title)
     fig.tight_layout()
