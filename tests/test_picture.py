@@ -19,7 +19,7 @@ from pytest_cbatch.impls import resolve_impl
 from pytest_cbatch.picture import failure_page, lifecycle_page, schedule_fragment, schedule_page
 from pytest_cbatch.picture.lifecycle import script_of, steps_of
 from pytest_cbatch.picture.markup import MARK
-from pytest_cbatch.picture.schedule import MAX_LANES, MAX_TICKS, schedule_of
+from pytest_cbatch.picture.schedule import MAX_LANES, MAX_PER_LANE, MAX_TICKS, schedule_of
 from pytest_cbatch.workloads import WORKLOADS
 
 HOSTILE = "</script><img src=x onerror=alert(1)>\"'&<svg onload=alert(2)>"
@@ -142,6 +142,22 @@ def test_a_huge_report_gives_a_bounded_page_that_says_what_it_left_out() -> None
     assert "42 more" in page  # violations beyond the first 8
     s = schedule_of(report, focus=["r399"], at=2500)
     assert s.lanes[0].rid == "r399" and s.start <= 2500 <= s.end and s.end - s.start == MAX_TICKS
+
+
+def test_a_crowded_or_absurd_report_still_gives_a_small_page() -> None:
+    crowd = [{"time": 3, "event": "snapshot", "allocated_blocks": i} for i in range(20_000)]
+    crowd += [{"time": 3, "event": "dispatch", "work": [{"id": "a", "phase": "decode", "input_tokens": 1}] * 20_000}]
+    crowd += [{"time": 3, "event": "preempted", "id": "a", "blob": list(range(100_000))}] * 5_000
+    far = [{"time": t, "event": "arrival", "id": f"r{t}"} for t in (0.5, 1e8, 1e300, float("inf"), -1, True)]
+    for unit, events in (("synthetic_tick", crowd), ("seconds", far)):
+        report = {"time_unit": unit, "config": {"capacity": 10**30}, "events": events}
+        page = schedule_page(heading="x", lead="x", report=report, violations=[Violation("c", "m", time=1e8)],
+                             trace=[], replay="r")
+        assert len(page) < 1_000_000, (unit, len(page))
+    assert "page snapshots" not in page and "r100000000" in page and "r1e+300" not in page
+    s = schedule_of({"time_unit": "synthetic_tick", "events": crowd})
+    assert len(s.pages) == 1 and len(s.lanes[0].cells) == MAX_PER_LANE and len(s.lanes[0].marks) == MAX_PER_LANE
+    assert any("beyond" in o for o in s.omitted)
 
 
 LIFECYCLE_MESSAGE = """[lifecycle.cow_isolation] after pool.append('a', 0): pin 'p0' reads [0, 0], expected [0]

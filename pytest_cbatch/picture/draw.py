@@ -6,6 +6,7 @@ SVG ``<title>`` elements, which every browser renders as a tooltip.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -81,8 +82,7 @@ def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:
 
 def _axis(s: Schedule, x, top: float, bottom: float) -> list[str]:
     span = s.end - s.start
-    step = next(k for k in (1, 2, 5, 10, 20, 50, 100, 1e9) if span / k <= 24) if s.unit == "tick" else \
-        next(k for k in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 1e9) if span / k <= 12)
+    step = _nice_step(span, 24 if s.unit == "tick" else 12, whole=s.unit == "tick")
     parts = [text(8, top - 18, f"time ({'synthetic ticks' if s.unit == 'tick' else 'seconds'})", size=11,
                   fill="#4a5568", weight="bold")]
     t = (s.start // step) * step
@@ -92,6 +92,13 @@ def _axis(s: Schedule, x, top: float, bottom: float) -> list[str]:
             parts.append(text(x(t), top - 9, f"{t:g}", size=10, anchor="middle", fill="#4a5568"))
         t += step
     return parts
+
+
+def _nice_step(span: float, most: int, whole: bool) -> float:
+    """The least of 1, 2 or 5 times a power of ten that divides ``span`` into at most ``most`` steps."""
+    power = 10.0 ** math.floor(math.log10(max(span / most, 1e-9)))
+    step = next(k * power for k in (1, 2, 5, 10) if span / (k * power) <= most)
+    return max(step, 1.0) if whole else step
 
 
 def _lane(lane: Lane, y: float, x, cell_w: float, s: Schedule) -> list[str]:
@@ -126,7 +133,7 @@ def _glyph(kind: str, cx: float, y: float, tip: str) -> str:
 
 
 def _pages(counts: Sequence[PageCount], s: Schedule, x, top: float) -> list[str]:
-    shown = [c for c in counts if s.start <= c.time <= s.end]
+    shown = list(counts)
     top_value = max([s.capacity or 0] + [v for c in shown for v in (c.allocated, c.reserved) if v is not None] + [1])
     scale = (_PAGES_H - 10) / top_value
     base = top + _PAGES_H

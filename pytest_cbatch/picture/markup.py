@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import math
+import reprlib
 from typing import Any, Iterable
 
 __all__ = ["FIGURE", "MARK", "SWATCH", "clip", "esc", "note", "number", "page", "rect", "svg", "text", "title",
@@ -38,6 +39,9 @@ def note(body: str) -> str:
     return f'<p style="color:#744210;background:#fffbeb;padding:4px 8px;margin:6px 0">{body}</p>'
 
 
+_BRIEF = reprlib.Repr()  # its keyword arguments are Python 3.12's
+_BRIEF.maxlevel, _BRIEF.maxstring, _BRIEF.maxother, _BRIEF.maxlong = 3, 200, 200, 60
+
 _STYLE = """
 body{font:14px/1.4 system-ui,-apple-system,'Segoe UI',sans-serif;margin:16px 24px;color:#1a202c;background:#fff}
 h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:18px 0 6px}
@@ -51,7 +55,7 @@ table.steps tr.fail td{background:#fff0f8;border-top:2px solid #ff00aa;border-bo
 
 def clip(value: Any, limit: int = 200) -> str:
     """``value`` as text of at most ``limit`` characters (an ellipsis says it was cut), control characters shown."""
-    s = value if isinstance(value, str) else repr(value)
+    s = value if isinstance(value, str) else _BRIEF.repr(value)  # bounded work for any object, however large
     s = "".join(c if c.isprintable() or c in "\n\t" else f"\\x{ord(c) & 0xff:02x}" for c in s[: limit + 1])
     return s if len(s) <= limit else s[: limit - 1] + "…"
 

@@ -1,9 +1,11 @@
 """What a report says happened, per request and per tick: the model a schedule picture draws.
 
 ``schedule_of`` reads a report (untrusted: anything an implementation returned)
-into lanes and page counts, keeping only well-formed values and at most
-``MAX_LANES`` requests over ``MAX_TICKS`` ticks (a window around the violation
-when the run is longer); what it left out is listed in ``Schedule.omitted``.
+into lanes and page counts, keeping only well-formed values (times from 0 to
+``MAX_TIME``) and at most ``MAX_LANES`` requests over ``MAX_TICKS`` ticks (a
+window around the violation when the run is longer), ``MAX_PER_LANE`` cells,
+spans and marks a request and ``MAX_SNAPSHOTS`` page counts; what it left out is
+listed in ``Schedule.omitted``.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from typing import Any, Mapping, Sequence
 
 from .markup import clip, number
 
-__all__ = ["Cell", "Lane", "Mark", "MAX_EVENTS", "MAX_LANES", "MAX_TICKS", "PageCount", "Schedule", "schedule_of"]
+__all__ = ["Cell", "Lane", "Mark", "MAX_EVENTS", "MAX_LANES", "MAX_PER_LANE", "MAX_SNAPSHOTS", "MAX_TICKS",
+           "MAX_TIME", "PageCount", "Schedule", "schedule_of"]
 
 MAX_LANES = 32
 MAX_TICKS = 240
 MAX_EVENTS = 50_000
+MAX_PER_LANE = 2 * MAX_TICKS
+MAX_SNAPSHOTS = 2 * MAX_TICKS
+MAX_TIME = 1e9
 TERMINAL = ("finished", "cancelled", "rejected")
 POINT_EVENTS = ("preempted", "cancelled", "rejected", "finished", "release", "admission_blocked", "cancel_ignored")
 
@@ -96,7 +102,7 @@ def schedule_of(report: Mapping[str, Any], focus: Sequence[str] = (), at: float 
     for ev in events:
         t = number(ev.get("time"))
         kind = ev.get("event")
-        if t is None or t < 0 or not isinstance(kind, str):
+        if t is None or not 0 <= t <= MAX_TIME or not isinstance(kind, str):
             continue
         times.append(t)
         if kind == "snapshot":
@@ -119,12 +125,32 @@ def schedule_of(report: Mapping[str, Any], focus: Sequence[str] = (), at: float 
         lo = max(start, min(centre - MAX_TICKS // 2, end - MAX_TICKS))
         omitted.append(f"ticks outside {lo:g}..{lo + MAX_TICKS:g} (the run spans {start:g}..{end:g})")
         start, end = lo, lo + MAX_TICKS
+    end = max(end, start + 1e-6)
     ordered = [lanes[r] for r in dict.fromkeys(focus) if r in lanes]
     ordered += [lane for rid, lane in lanes.items() if rid not in focus]
     if len(ordered) > MAX_LANES:
         omitted.append(f"{len(ordered) - MAX_LANES} of {len(ordered)} requests (the first {MAX_LANES} are drawn)")
         ordered = ordered[:MAX_LANES]
-    return Schedule(ordered, pages, capacity, start, max(end, start + 1e-9), unit, omitted)
+    crowded = sum(_trim(lane, start, end) for lane in ordered)
+    if crowded:
+        omitted.append(f"{crowded} rows, spans and marks of requests beyond {MAX_PER_LANE} each")
+    shown = list({c.time: c for c in pages if start <= c.time <= end}.values())  # the last snapshot of a time
+    if len(shown) > MAX_SNAPSHOTS:
+        omitted.append(f"{len(shown) - MAX_SNAPSHOTS} of {len(shown)} page snapshots (an even sample is drawn)")
+        shown = shown[:: -(-len(shown) // MAX_SNAPSHOTS)]
+    return Schedule(ordered, shown, capacity, start, end, unit, omitted)
+
+
+def _trim(lane: Lane, start: float, end: float) -> int:
+    """Keep a lane's cells, spans and marks in the window, at most MAX_PER_LANE of each; how many it dropped."""
+    dropped = 0
+    for name in ("cells", "marks", "tokens"):
+        items = [i for i in getattr(lane, name) if start <= (i if name == "tokens" else i.time) <= end]
+        dropped += max(0, len(items) - MAX_PER_LANE)
+        setattr(lane, name, items[:MAX_PER_LANE])
+    dropped += max(0, len(lane.spans) - MAX_PER_LANE)
+    lane.spans = lane.spans[:MAX_PER_LANE]
+    return dropped
 
 
 def _lane(lanes: dict[str, Lane], rid: str) -> Lane:
