@@ -19,7 +19,7 @@ COLOURS = {
     "waiting": "#e2e8f0", "admitted": "#bee3f8", "prefill": "#2b6cb0", "decode": "#2f855a", "recompute": "#dd6b20",
     "other": "#718096", "preempted": "#6b46c1", "cancelled": "#1a202c", "rejected": "#9b2c2c",
     "finished": "#22543d", "release": "#a0aec0", "allocated": "#319795", "draining": "#d69e2e",
-    "reserved": "#2c5282",
+    "reserved": "#2c5282", "token": "#1a202c",
 }
 _LABEL_W = 150
 _LANE_H = 24
@@ -43,7 +43,7 @@ class Pin:
 def legend() -> str:
     """The colour key, as HTML."""
     keys = [("waiting", "waiting"), ("admitted", "admitted (resident)"), ("prefill", "prefill chunk (tokens)"),
-            ("decode", "decode token"), ("recompute", "recompute"), ("preempted", "▼ preempted"),
+            ("decode", "decode row"), ("token", "output token emitted"), ("recompute", "recompute"), ("preempted", "▼ preempted"),
             ("cancelled", "✕ cancelled"), ("rejected", "✕ rejected"), ("finished", "✓ finished"),
             ("release", "◆ pages released"), ("other", "• other event (admission blocked, ...)"), ("allocated", "KV pages in use"), ("draining", "draining pages"),
             ("reserved", "— reserved pages")]
@@ -117,6 +117,8 @@ def _lane(lane: Lane, y: float, x, cell_w: float, s: Schedule) -> list[str]:
         if cell.phase in ("prefill", "recompute") and cell_w >= 14:
             parts.append(text(x(cell.time) + cell_w / 2, y + 16, str(cell.tokens), size=10, anchor="middle",
                               fill="#ffffff", weight="bold"))
+    for n, t in enumerate(lane.tokens, 1):
+        parts.append(rect(x(t) - 1, y + 1, 2, 6, COLOURS["token"], esc(f"{lane.rid}: output token {n} at t={t:g}", 300)))
     for mark in lane.marks:
         if s.start <= mark.time <= s.end:
             parts.append(_glyph(mark.kind, x(mark.time), y,
