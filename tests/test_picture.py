@@ -11,7 +11,6 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
 
 from pytest_cbatch.contract import Violation
 from pytest_cbatch.grading.results import TestResult as GradedTest
@@ -225,17 +224,6 @@ def test_cbatch_explain_draws_a_lifecycle_part(tmp_path: Path) -> None:
     page = out.read_text(encoding="utf-8")
     assert "lifecycle.replay_no_refeed" in page and page.count("class=fail") == 1
     assert "pool = PagedKV(" in page
-
-
-@pytest.mark.parametrize("workload", ["demo"])
-def test_a_failing_contract_test_names_its_picture(pytester: pytest.Pytester, workload: str) -> None:
-    result = pytester.runpytest_subprocess(
-        "--cbatch-impl=pytest_cbatch.examples.broken_schedulers:budget_overrun", "-k",
-        f"test_contract and budget_respected-{workload}", "-p", "no:cacheprovider")
-    page = pytester.path / ".cbatch-failures" / f"budget_respected-{workload}.html"
-    result.stdout.fnmatch_lines([f"picture: {page} (open it in a browser)"])
-    assert page.is_file() and (pytester.path / ".cbatch-failures" / f"budget_respected-{workload}.jsonl").is_file()
-    assert "unused_budget" in page.read_text(encoding="utf-8")
 
 
 def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:

@@ -1,7 +1,7 @@
 """The pages real failures leave, one of each kind, opened in headless Chromium.
 
-A contract clause on a fixed workload and a generated trace (the pytest plugin), a lifecycle part (cbatch
-explain --lifecycle) and a graded submission (its page beside results.json, and its Gradescope output as
+A contract clause on a fixed workload, a generated trace and a lifecycle part (the pytest plugin) and a graded
+submission (its page beside results.json, and its Gradescope output as
 Gradescope would embed it).  Each opens with nothing on the browser's console (the page's
 Content-Security-Policy would log any script or fetch it refused), and a screenshot shows the violation's
 marker.  The browser tests skip where Chromium is missing (tests/browser.py says how to install it).
@@ -57,10 +57,12 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                          cwd=project, capture_output=True, text=True, timeout=600)
     failures = project / ".cbatch-failures"
     assert f"picture: {failures / 'budget_respected-demo.html'}" in run.stdout, run.stdout[-3000:]
-    lifecycle = root / "lifecycle.html"
-    subprocess.run([sys.executable, "-m", "pytest_cbatch.cli", "explain", "--impl",
-                    "pytest_cbatch.examples.broken_lifecycle:replay_refeed", "--lifecycle", "recompute",
-                    "--examples", "5", "--html", str(lifecycle)], capture_output=True, text=True, timeout=300)
+    others = [f"--ignore={p}" for p in suite_dir().glob("test_*.py") if p.name != "test_lifecycle.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=brief",
+                          "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", *others,
+                          "-k", "recompute"], cwd=project, capture_output=True, text=True, timeout=600)
+    lifecycle = failures / "lifecycle-recompute.html"
+    assert f"picture: {lifecycle}" in run.stdout, run.stdout[-3000:]
     graded = _graded(root)
     return {"contract": failures / "budget_respected-demo.html",
             "generated": failures / "budget_respected-generated-reserve.html",

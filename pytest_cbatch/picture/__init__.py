@@ -16,7 +16,8 @@ from .draw import Pin, legend, schedule_svg
 from .markup import FIGURE, esc, note, number, page, verdict
 from .schedule import schedule_of
 
-__all__ = ["failure_page", "MAX_PINS", "MAX_TEXT", "MAX_TRACE_LINES", "lifecycle_page", "schedule_fragment", "schedule_page"]
+__all__ = ["MAX_PINS", "MAX_TEXT", "MAX_TRACE_LINES", "failure_page", "lifecycle_page", "schedule_fragment",
+           "schedule_page"]
 
 MAX_PINS = 8
 MAX_TRACE_LINES = 300

@@ -43,10 +43,11 @@ class Pin:
 def legend() -> str:
     """The colour key, as HTML."""
     keys = [("waiting", "waiting"), ("admitted", "admitted (resident)"), ("prefill", "prefill chunk (tokens)"),
-            ("decode", "decode row"), ("token", "output token emitted"), ("recompute", "recompute"), ("preempted", "▼ preempted"),
-            ("cancelled", "✕ cancelled"), ("rejected", "✕ rejected"), ("finished", "✓ finished"),
-            ("release", "◆ pages released"), ("other", "• other event (admission blocked, ...)"), ("allocated", "KV pages in use"), ("draining", "draining pages"),
-            ("reserved", "— reserved pages")]
+            ("decode", "decode row"), ("token", "output token emitted"), ("recompute", "recompute"),
+            ("preempted", "▼ preempted"), ("cancelled", "✕ cancelled"), ("rejected", "✕ rejected"),
+            ("finished", "✓ finished"), ("release", "◆ pages released"),
+            ("other", "• other event (admission blocked, ...)"), ("allocated", "KV pages in use"),
+            ("draining", "draining pages"), ("reserved", "— reserved pages")]
     items = "".join(f'<span style="display:inline-block"><i style="{SWATCH};background:{COLOURS[k]}"></i>'
                     f"{esc(label)}</span>" for k, label in keys)
     return f"<div>{items}</div>"  # the violation's colour is on its label: nothing else has it
@@ -118,7 +119,8 @@ def _lane(lane: Lane, y: float, x, cell_w: float, s: Schedule) -> list[str]:
             parts.append(text(x(cell.time) + cell_w / 2, y + 16, str(cell.tokens), size=10, anchor="middle",
                               fill="#ffffff", weight="bold"))
     for n, t in enumerate(lane.tokens, 1):
-        parts.append(rect(x(t) - 1, y + 1, 2, 6, COLOURS["token"], esc(f"{lane.rid}: output token {n} at t={t:g}", 300)))
+        tip = esc(f"{lane.rid}: output token {n} at t={t:g}", 300)
+        parts.append(rect(x(t) - 1, y + 1, 2, 6, COLOURS["token"], tip))
     for mark in lane.marks:
         if s.start <= mark.time <= s.end:
             parts.append(_glyph(mark.kind, x(mark.time), y,
@@ -198,5 +200,6 @@ def _pin(pin: Pin, x, row: dict[str, int], top: float, lanes_h: float, s: Schedu
     width = 8 + 6.4 * min(len(pin.message) + 3, 90)
     lx = max(4.0, min(cx - 10, x(s.end) + 250 - width))
     return (f"<g>{title(tip)}{marker}</g>",
-            f"<g>{title(tip)}" + rect(lx, ly, width, _PIN_ROW - 3, "#ffffff", extra=f' stroke="{MARK}" stroke-width="2"')
+            f"<g>{title(tip)}"
+            + rect(lx, ly, width, _PIN_ROW - 3, "#ffffff", extra=f' stroke="{MARK}" stroke-width="2"')
             + text(lx + 5, ly + 14, label, size=11, fill="#1a202c", weight="bold") + "</g>")

@@ -24,7 +24,8 @@ CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'n
 # Inline styles: the figure and its boxes also travel as a fragment (Gradescope's HTML output) without this page's
 # style sheet.
 FIGURE = "overflow-x:auto;border:1px solid #e2e8f0;padding:4px;margin:6px 0"
-SWATCH = "display:inline-block;width:12px;height:12px;vertical-align:middle;margin:0 4px 0 12px;border:1px solid #718096"
+SWATCH = ("display:inline-block;width:12px;height:12px;vertical-align:middle;margin:0 4px 0 12px;"
+          "border:1px solid #718096")
 
 
 def verdict(body: str, ok: bool = False) -> str:
