@@ -261,6 +261,8 @@ def _explain(argv: list[str]) -> int:
 
 
 def _explain_lifecycle(argv: list[str]) -> int:
+    import shlex
+
     from .impls import ImplementationError, resolve_impl
     from .lifecycle import PARTS, lifecycle_verdicts, missing_parts
     from .picture import lifecycle_page
@@ -293,7 +295,8 @@ def _explain_lifecycle(argv: list[str]) -> int:
     verdicts = lifecycle_verdicts(args.lifecycle, impl.namespace, profile,
                                   bounds=Bounds(seconds=args.timeout, time_option="--timeout"))
     failed = [(cid, v.message) for cid, v in verdicts.items() if v.status == "fail"]
-    rerun = f"cbatch explain --impl {args.impl} --lifecycle {args.lifecycle} --html {args.html}"
+    rerun = "cbatch explain " + " ".join(shlex.quote(a) for a in ("--impl", args.impl, "--lifecycle", args.lifecycle,
+                                                                   "--examples", str(args.examples), "--html", args.html))
     with open(args.html, "w", encoding="utf-8") as fh:
         fh.write(lifecycle_page(heading=f"lifecycle {args.lifecycle}: {len(failed)} of {len(verdicts)} clauses "
                                         f"fail with {args.impl}", failures=failed, rerun=rerun))

@@ -171,17 +171,32 @@ LIFECYCLE_MESSAGE = """[lifecycle.cow_isolation] after pool.append('a', 0): pin 
     with suppress(KeyError): pool.read('b')
     pool.append('a', 0)
     r0 = RecomputeRequest(pool, 'r0', [0])
+    _ = r0.resume()
+    manager = TransferManager(pool)
     assert [t for p in pool.transfers['p0'] for t in pool.pages[p].tokens] == [0]
+"""
+RECOMPUTE_SCRIPT = """pool = PagedKV(2, 3)
+r0 = RecomputeRequest(pool, 'r0', [0])
+_ = r0.resume()
+r0.sample(100)
+r0.sample(101)
+r0.sample(102)
+r0.preempt()
+_ = r0.resume()
+assert pool.read('r0') == [0, 100, 101], pool.read('r0')
 """
 
 
 def test_a_lifecycle_script_is_replayed_on_the_contracts_model_without_running_it() -> None:
     steps = steps_of(script_of(LIFECYCLE_MESSAGE))
     codes = [code for code, _pool, _why in steps]
-    assert codes[0] == "pool = PagedKV(2, 2)" and len(steps) == 8
+    assert codes[0] == "pool = PagedKV(2, 2)" and len(steps) == 10
     free = [pool.free() if pool else None for _code, pool, _why in steps]
-    assert free[:6] == [2, 2, 1, 1, 1, 0]  # the copy-on-write append takes the second page
-    assert free[6:] == [None, None] and "a call of RecomputeRequest" in steps[6][2]
+    assert free[:8] == [2, 2, 1, 1, 1, 0, 0, 0]  # the copy-on-write append takes the second page; no room to resume
+    assert free[8:] == [None, None] and "a call of TransferManager" in steps[8][2]
+    replayed = steps_of(RECOMPUTE_SCRIPT)
+    assert [pool.free() for _code, pool, _why in replayed] == [2, 2, 1, 1, 1, 1, 2, 1, 1]
+    assert replayed[-1][1].history("r0") == [0, 100, 101]  # what resume() must rebuild: prompt + outputs[:-1]
     page = lifecycle_page(heading="lifecycle allocator", failures=[("lifecycle.cow_isolation", LIFECYCLE_MESSAGE)],
                           rerun="pytest -k lifecycle")
     assert page.count('class=fail') == 1 and "fails here" in page and "0 free of 2" in page

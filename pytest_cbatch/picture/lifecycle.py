@@ -4,9 +4,9 @@ The script is the violation's replay (``LifecycleViolation``), read as text and
 never run: each top-level statement is one step.  The pool's pages after a
 step come from the kit's own model of the published contract
 (``lifecycle.oracle.PoolOracle``) replaying the pool's operations (create,
-append, fork, pin, unpin, release); from the first step the model cannot replay
-(a request's or a transfer manager's call, or an operation the contract says
-must fail), the page says the pool is no longer drawn.
+append, fork, pin, unpin, release) and its recompute requests' (resume,
+sample, preempt, cancel); from the first step the model cannot replay (a
+transfer manager's call, say), the page says the pool is no longer drawn.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ast
 from typing import Any
 
 from ..lifecycle.clauses import LIFECYCLE_CLAUSES
-from ..lifecycle.oracle import PoolOracle
+from ..lifecycle.oracle import PoolOracle, pages_for
 from .markup import MARK, esc, note, rect, svg, verdict
 
 __all__ = ["MAX_STEPS", "lifecycle_section", "script_of", "steps_of"]
@@ -42,35 +42,19 @@ def steps_of(script: str) -> list[tuple[str, PoolOracle | None, str]]:
     the pool is not modelled from that step on ('' while it is)."""
     try:
         tree = ast.parse(script)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError):
         return [(line, None, "the script does not parse") for line in script.splitlines() if line.strip()]
-    pool: PoolOracle | None = None
-    variable, stopped = None, ""
+    model = _Model()
+    stopped = ""
     steps = []
     for stmt in tree.body:
         code = ast.get_source_segment(script, stmt) or ""
         if isinstance(stmt, (ast.Import, ast.ImportFrom)):
             continue
         if not stopped:
-            made = _constructed(stmt)
-            if made is not None:
-                variable, pool = made[0], PoolOracle(*made[1])
-            else:
-                why = _apply(pool, variable, stmt)
-                stopped = why or ""
-        steps.append((code, None if stopped or pool is None else _copy(pool), stopped))
+            stopped = model.step(stmt) or ""
+        steps.append((code, None if stopped or model.pool is None else _copy(model.pool), stopped))
     return steps
-
-
-def _constructed(stmt: ast.stmt) -> tuple[str, tuple[int, int]] | None:
-    """``name = PagedKV(capacity, block_size)``: the name and the sizes."""
-    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name) and \
-            isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name) and \
-            stmt.value.func.id == "PagedKV":
-        args = _literals(stmt.value.args)
-        if args is not None and len(args) == 2 and all(isinstance(a, int) and 0 < a <= 4096 for a in args):
-            return stmt.targets[0].id, (args[0], args[1])
-    return None
 
 
 def _literals(nodes: list[ast.expr]) -> list[Any] | None:
@@ -80,35 +64,94 @@ def _literals(nodes: list[ast.expr]) -> list[Any] | None:
         return None
 
 
-def _apply(pool: PoolOracle | None, variable: str | None, stmt: ast.stmt) -> str | None:
-    """Replay one step on the model; why the model stops here, or None when it followed the step."""
-    if isinstance(stmt, (ast.Assert, ast.With, ast.Try)):
-        return None  # a check, or a call the contract says fails and changes nothing
-    call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-    callee = call.func if isinstance(call, ast.Call) else None
-    if isinstance(callee, ast.Attribute) and isinstance(callee.value, ast.Name):
-        who = callee.value.id
-    elif isinstance(callee, ast.Name):
-        who = callee.id
-    else:
-        return "a step the picture does not replay"
-    if pool is None or who != variable or not isinstance(callee, ast.Attribute):
-        return f"a call of {who} (the picture replays only the pool's own operations)"
-    method = callee.attr
-    if method in _READS:
-        return None
-    args = _literals(call.args)  # type: ignore[union-attr]
-    if method not in _OPS or args is None or len(args) != _OPS[method]:
-        return f"pool.{method}(...) (not replayed)"
-    try:
+class _Request:
+    """A RecomputeRequest as the contract has it: its owner, prompt, outputs and whether it holds pages."""
+
+    def __init__(self, owner: Any, prompt: list[Any]) -> None:
+        self.owner, self.prompt, self.outputs, self.active = owner, prompt, [], False
+
+
+class _Model:
+    """The pool (and its recompute requests) as the contract's model replays the script's steps."""
+
+    def __init__(self) -> None:
+        self.pool: PoolOracle | None = None
+        self.name: str | None = None
+        self.requests: dict[str, _Request] = {}
+
+    def step(self, stmt: ast.stmt) -> str | None:
+        """Replay one statement; why the model stops here, or None when it followed it."""
+        if isinstance(stmt, (ast.Assert, ast.With, ast.Try)):
+            return None  # a check, or a call the contract says fails and changes nothing
+        call = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
+        if not isinstance(call, ast.Call):
+            return "a step the picture does not replay"
+        callee, args = call.func, _literals(call.args)
+        target = stmt.targets[0].id if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and \
+            isinstance(stmt.targets[0], ast.Name) else None
+        if isinstance(callee, ast.Name):
+            return self._construct(callee.id, target, call)
+        if not isinstance(callee, ast.Attribute) or not isinstance(callee.value, ast.Name):
+            return "a step the picture does not replay"
+        who, method = callee.value.id, callee.attr
+        if self.pool is None or (who != self.name and who not in self.requests):
+            return f"a call of {who} (the picture replays only the pool's and its requests' operations)"
+        if args is None:
+            return f"{who}.{method}(...) with arguments the picture does not read"
+        try:
+            return self._pool_call(method, args) if who == self.name else self._request_call(who, method, args)
+        except (KeyError, ValueError, TypeError, IndexError):
+            return f"{who}.{method}(...) on a state the model does not have"
+
+    def _construct(self, cls: str, target: str | None, call: ast.Call) -> str | None:
+        """``pool = PagedKV(capacity, block_size)`` or ``r0 = RecomputeRequest(pool, owner, prompt)``."""
+        args = _literals(call.args)
+        if cls == "PagedKV" and target and args and len(args) == 2 and \
+                all(isinstance(a, int) and 0 < a <= 4096 for a in args):
+            self.pool, self.name = PoolOracle(args[0], args[1]), target
+            return None
+        if cls == "RecomputeRequest" and target and self.pool is not None and len(call.args) == 3 and \
+                isinstance(call.args[0], ast.Name) and call.args[0].id == self.name:
+            rest = _literals(call.args[1:])
+            if rest is not None and isinstance(rest[1], list):
+                self.requests[target] = _Request(rest[0], rest[1])
+                return None
+        return f"a call of {cls} (the picture replays only the pool's and its requests' operations)"
+
+    def _pool_call(self, method: str, args: list[Any]) -> str | None:
+        pool = self.pool
+        assert pool is not None
+        if method in _READS:
+            return None
+        if method not in _OPS or len(args) != _OPS[method]:
+            return f"pool.{method}(...) (not replayed)"
         if method == "append":
-            if not pool.append(args[0], args[1]):
-                return "an append the model refuses (no free page)"
-        else:
-            getattr(pool, method)(*args)
-    except (KeyError, ValueError, TypeError, IndexError):
-        return f"pool.{method}(...) on a state the model does not have"
-    return None
+            return None if pool.append(args[0], args[1]) else "an append the model refuses (no free page)"
+        getattr(pool, method)(*args)
+        return None
+
+    def _request_call(self, who: str, method: str, args: list[Any]) -> str | None:
+        """resume() rebuilds prompt + outputs[:-1] when its pages fit, sample() feeds the pending output first,
+        preempt() and cancel() free the request's pages."""
+        pool, request = self.pool, self.requests[who]
+        assert pool is not None
+        if method == "resume" and not request.active:
+            rows = [*request.prompt, *request.outputs[:-1]]
+            if pages_for(len(rows), pool.block_size) <= pool.free():
+                pool.create(request.owner)
+                for row in rows:
+                    pool.append(request.owner, row)
+                request.active = True
+        elif method == "sample" and request.active and len(args) == 1:
+            if request.outputs and not pool.append(request.owner, request.outputs[-1]):
+                return "a sample the model refuses (no free page)"
+            request.outputs.append(args[0])
+        elif method in ("preempt", "cancel") and request.active:
+            pool.release(request.owner)
+            request.active = False
+        elif method not in ("check", "resume", "preempt", "cancel"):
+            return f"{who}.{method}(...) (not replayed)"
+        return None
 
 
 def _copy(pool: PoolOracle) -> PoolOracle:
