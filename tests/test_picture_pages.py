@@ -11,16 +11,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from browser import SKIP_REASON, chromium, console_problems, marker_pixels, screenshot
 
+from pytest_cbatch.contract import Violation
 from pytest_cbatch.grading.evaluate import Submission, grade_submission
 from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import load_rubric
+from pytest_cbatch.picture import failure_page
 from pytest_cbatch.picture.markup import MARK
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.sandbox import LoadSpec
@@ -117,6 +119,23 @@ def test_each_page_opens_in_chromium_without_console_errors(pages: dict[str, Pat
     problems, dom = console_problems(pages[kind])
     assert not problems, problems
     assert ("<svg" in dom) and ("unused_budget" in dom or "lifecycle." in dom), dom[:2000]
+
+
+@needs_chromium
+def test_a_page_of_hostile_values_runs_and_loads_nothing_in_chromium(tmp_path: Path) -> None:
+    hostile = "</script><img src=x onerror=console.error('xss')><script>console.error('xss')</script>"
+    report = {"time_unit": "synthetic_tick", "config": {"capacity": 2},
+              "events": [{"time": 0, "event": "arrival", "id": hostile},
+                         {"time": 0, "event": "dispatch", "work": [{"id": hostile, "phase": "prefill",
+                                                                     "input_tokens": 1}]},
+                         {"time": 1, "event": "x-" + hostile, "id": hostile, hostile: hostile}]}
+    path = tmp_path / "hostile.html"
+    path.write_text(failure_page(spec=hostile, clause="schema_valid", workload=hostile, trace=[], report=report,
+                                 violations=[Violation("schema_valid", hostile, request=hostile, time=0)],
+                                 replay=hostile, text=hostile), encoding="utf-8")
+    problems, dom = console_problems(path)
+    assert not problems, problems
+    assert "<img" not in dom and "<script" not in dom and "&lt;/script&gt;&lt;img src=x" in dom
 
 
 @needs_chromium
