@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .markup import MARK, SWATCH, esc, rect, svg, text, title
 from .schedule import Lane, PageCount, Schedule
@@ -21,6 +21,9 @@ COLOURS = {
     "finished": "#22543d", "release": "#a0aec0", "allocated": "#319795", "draining": "#d69e2e",
     "reserved": "#2c5282", "token": "#1a202c",
 }
+Scale = Callable[[float], float]
+"""A time to its x coordinate."""
+
 _LABEL_W = 150
 _LANE_H = 24
 _TOP = 34
@@ -81,7 +84,7 @@ def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:
     return svg(width, height, parts, label)
 
 
-def _axis(s: Schedule, x, top: float, bottom: float) -> list[str]:
+def _axis(s: Schedule, x: Scale, top: float, bottom: float) -> list[str]:
     span = s.end - s.start
     step = _nice_step(span, 24 if s.unit == "tick" else 12, whole=s.unit == "tick")
     parts = [text(8, top - 18, f"time ({'synthetic ticks' if s.unit == 'tick' else 'seconds'})", size=11,
@@ -102,7 +105,7 @@ def _nice_step(span: float, most: int, whole: bool) -> float:
     return max(step, 1.0) if whole else step
 
 
-def _lane(lane: Lane, y: float, x, cell_w: float, s: Schedule) -> list[str]:
+def _lane(lane: Lane, y: float, x: Scale, cell_w: float, s: Schedule) -> list[str]:
     status = f" ({lane.status})" if lane.status else ""
     parts = [f'<g><title>{esc("request " + lane.rid + status, 300)}</title>'
              + text(8, y + 16, esc(lane.rid, 18), size=12) + "</g>"]
@@ -136,7 +139,7 @@ def _glyph(kind: str, cx: float, y: float, tip: str) -> str:
     return f"<g>{title(tip)}" + text(cx, y + 17, glyph, size=14, anchor="middle", fill=colour, weight="bold") + "</g>"
 
 
-def _pages(counts: Sequence[PageCount], s: Schedule, x, top: float) -> list[str]:
+def _pages(counts: Sequence[PageCount], s: Schedule, x: Scale, top: float) -> list[str]:
     shown = list(counts)
     top_value = max([s.capacity or 0] + [v for c in shown for v in (c.allocated, c.reserved) if v is not None] + [1])
     scale = (_PAGES_H - 10) / top_value
@@ -171,7 +174,7 @@ def _pages(counts: Sequence[PageCount], s: Schedule, x, top: float) -> list[str]
     return parts
 
 
-def _pin(pin: Pin, x, row: dict[str, int], top: float, lanes_h: float, s: Schedule,
+def _pin(pin: Pin, x: Scale, row: dict[str, int], top: float, lanes_h: float, s: Schedule,
          cell_w: float) -> tuple[str, str]:
     """A violation's marker: a ring on its request's lane (the lane's label when it has no time), or an outline
     of its whole column when it names no request; and, on a row of its own below the lanes, its number and
