@@ -199,7 +199,7 @@ def test_a_lifecycle_script_is_replayed_on_the_contracts_model_without_running_i
     assert replayed[-1][1].history("r0") == [0, 100, 101]  # what resume() must rebuild: prompt + outputs[:-1]
     page = lifecycle_page(heading="lifecycle allocator", failures=[("lifecycle.cow_isolation", LIFECYCLE_MESSAGE)],
                           rerun="pytest -k lifecycle")
-    assert page.count('class=fail') == 1 and "fails here" in page and "0 free of 2" in page
+    assert page.count('class="fail"') == 1 and "fails here" in page and "0 free of 2" in page
     hostile = LIFECYCLE_MESSAGE.replace("'a'", repr(HOSTILE))
     assert HOSTILE not in lifecycle_page(heading=HOSTILE, failures=[(HOSTILE, hostile)], rerun=HOSTILE)
 
@@ -237,7 +237,7 @@ def test_cbatch_explain_draws_a_lifecycle_part(tmp_path: Path) -> None:
                            "--examples", "5", "--html", str(out)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "fail  lifecycle.replay_no_refeed" in done.stdout, done.stdout + done.stderr
     page = out.read_text(encoding="utf-8")
-    assert "lifecycle.replay_no_refeed" in page and page.count("class=fail") == 1
+    assert "lifecycle.replay_no_refeed" in page and page.count('class="fail"') == 1
     assert "pool = PagedKV(" in page
 
 

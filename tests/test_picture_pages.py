@@ -42,6 +42,19 @@ def simulate(*args, **kwargs):
     return report
 """
 FIGURE_X = 60
+KINDS = ("contract", "generated", "lifecycle", "graded", "gradescope", "gradescope-lifecycle")
+REFEED = """from pytest_cbatch.reference.scheduler_faults import PagedKV
+from pytest_cbatch.reference.scheduler_faults import RecomputeRequest as Reference
+
+
+class RecomputeRequest(Reference):
+    def resume(self):
+        replay = self.state == "preempted"
+        resumed = super().resume()
+        if resumed and replay and self.outputs and self.pool.free:
+            self.pool.append(self.owner, self.outputs[-1])  # feeds the pending sample a second time
+        return resumed
+"""
 needs_chromium = pytest.mark.skipif(chromium() is None, reason=SKIP_REASON)
 
 
@@ -75,30 +88,35 @@ def _graded(root: Path) -> dict[str, Path]:
     """Grade a one-file submission that overruns the token budget; its page and its Gradescope output."""
     folder = root / "student"
     folder.mkdir()
-    source = folder / "sched.py"
+    source = folder / "scheduler_sim.py"
     source.write_text(OVERRUN, encoding="utf-8")
+    (folder / "scheduler_faults.py").write_text(REFEED, encoding="utf-8")
     rubric = root / "rubric.toml"
-    rubric.write_text('[grading]\nparts = ["scheduler"]\ngenerated_examples = 0\nsandbox = "process"\n'
-                      '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
+    rubric.write_text('[grading]\nparts = ["scheduler", "lifecycle"]\ngenerated_examples = 0\nlifecycle_examples = 5\n'
+                      'sandbox = "process"\n[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n'
+                      '"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
     out = root / "graded"
     out.mkdir()
     whole = build_plan(load_rubric(rubric))  # the demo workload and one invalid input are enough to fail on
     plan = replace(whole, cases=tuple(c for c in whole.cases if c.label == "demo"), invalid=whole.invalid[:1])
     assert plan.cases
-    result = grade_submission(Submission("sched", str(source), LoadSpec(str(source), ("sched.py",))),
+    files = ("scheduler_sim.py", "scheduler_faults.py")
+    result = grade_submission(Submission("student", str(folder), LoadSpec(str(folder), files)),
                               load_rubric(rubric), plan, out)
     doc = result.gradescope()
     (out / "results.json").write_text(json.dumps(doc), encoding="utf-8")
-    test = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
-    embedded = root / "gradescope.html"  # the test's output in a bare page: none of the kit's style sheet
-    embedded.write_text(f"<!DOCTYPE html><html><body>{test['output']}</body></html>", encoding="utf-8")
+    outputs = {t["name"]: t["output"] for t in doc["tests"]}
+    embedded = {}
+    for kind, name in (("gradescope", "contract.budget_respected"),
+                       ("gradescope-lifecycle", "lifecycle.replay_no_refeed")):
+        embedded[kind] = root / f"{kind}.html"  # the test's output in a bare page: none of the kit's style sheet
+        embedded[kind].write_text(f"<!DOCTYPE html><html><body>{outputs[name]}</body></html>", encoding="utf-8")
     written = sorted(out.glob("budget_respected-*.html"))
-    return {"graded": written[0] if written else out / "missing.html", "gradescope": embedded,
-            "results": out / "results.json"}
+    return {"graded": written[0] if written else out / "missing.html", "results": out / "results.json", **embedded}
 
 
 def test_every_kind_of_failure_leaves_a_page(pages: dict[str, Path]) -> None:
-    for kind in ("contract", "generated", "lifecycle", "graded", "gradescope"):
+    for kind in KINDS:
         text = pages[kind].read_text(encoding="utf-8")
         assert f'stroke="{MARK}"' in text or "fails here" in text, kind
         assert "<script" not in text and "https://" not in text, kind
@@ -111,10 +129,12 @@ def test_gradescope_shows_a_failing_test_as_html_and_a_passing_one_as_text(pages
     assert "unused_budget" in failing["output"]
     passing = [t for t in doc["tests"] if t["status"] == "passed"]
     assert passing and all("output_format" not in t for t in passing)
+    lifecycle = next(t for t in doc["tests"] if t["name"] == "lifecycle.replay_no_refeed")
+    assert lifecycle["output_format"] == "html" and "fails here" in lifecycle["output"]
 
 
 @needs_chromium
-@pytest.mark.parametrize("kind", ["contract", "generated", "lifecycle", "graded", "gradescope"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_each_page_opens_in_chromium_without_console_errors(pages: dict[str, Path], kind: str) -> None:
     problems, dom = console_problems(pages[kind])
     assert not problems, problems

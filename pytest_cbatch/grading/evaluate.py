@@ -265,8 +265,18 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=reason))
             continue
         text = {"pass": "passed", "fail": "failed", "error": "not judged (the run broke down)"}[status]
-        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"]))
+        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"],
+                                picture=_lifecycle_picture(cid, message) if status == "fail" else None))
     return tests
+
+
+def _lifecycle_picture(cid: str, message: str) -> str:
+    """A failing lifecycle clause's steps, the failing one marked, the pool after each (an HTML fragment; the
+    test's text follows it on Gradescope)."""
+    from ..picture.lifecycle import lifecycle_section
+
+    return lifecycle_section(cid, message.partition("] ")[2] if message.startswith("[") else message,
+                             with_text=False)
 
 
 _RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}

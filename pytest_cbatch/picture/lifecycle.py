@@ -26,6 +26,7 @@ _OPS = {"create": 1, "release": 1, "fork": 2, "pin": 2, "unpin": 1, "append": 2}
 _READS = {"read", "check"}
 _PALETTE = ("#3182ce", "#38a169", "#d69e2e", "#805ad5", "#dd6b20", "#319795", "#b83280", "#718096")
 _BAR_W = 260
+_FAILING_ROW = f' class="fail" style="background:#fff0f8;outline:2px solid {MARK}"'
 
 
 def script_of(message: str) -> str:
@@ -182,8 +183,9 @@ def _pool_svg(pool: PoolOracle, colours: dict[Any, str]) -> str:
     return svg(_BAR_W + 2, 20, parts, esc(f"{len(live)} of {pool.capacity} pages in use"))
 
 
-def lifecycle_section(cid: str, message: str) -> str:
-    """One failing clause: its statement and message, then a table of its steps, the last (failing) one marked."""
+def lifecycle_section(cid: str, message: str, *, with_text: bool = True) -> str:
+    """One failing clause: its statement and message, then a table of its steps, the last (failing) one marked;
+    ``with_text``: then the whole message (folded)."""
     head = message.splitlines()[0] if message else cid
     statement = LIFECYCLE_CLAUSES.get(cid, "")
     steps = steps_of(script_of(message))
@@ -198,7 +200,7 @@ def lifecycle_section(cid: str, message: str) -> str:
         else:
             state = f'<span style="color:#718096">not drawn from here: {esc(why, 120)}</span>' if why else ""
         mark = f'<b style="color:{MARK}">✖ fails here</b><br>' if last else ""
-        rows.append(f'<tr{" class=fail" if last else ""}><td>{i}</td><td><code>{esc(code, 300)}</code></td>'
+        rows.append(f"<tr{_FAILING_ROW if last else ''}><td>{i}</td><td><code>{esc(code, 300)}</code></td>"
                     f"<td>{mark}{state}</td></tr>")
     skipped = note(f"{left_out} earlier steps left out.") if left_out else ""
     if not steps:
@@ -207,4 +209,5 @@ def lifecycle_section(cid: str, message: str) -> str:
             f"{verdict(esc(head, 2000))}{skipped}"
             '<table class="steps"><tr><th>step</th><th>operation</th><th>the pool after it (the contract\'s model: '
             'one box per page, coloured by owner, thick edge: pinned)</th></tr>' + "".join(rows) + "</table>"
-            f"<details><summary>the failure text</summary><pre>{esc(message, 20_000)}</pre></details>")
+            + (f"<details><summary>the failure text</summary><pre>{esc(message, 20_000)}</pre></details>"
+               if with_text else ""))
