@@ -29,7 +29,8 @@ _LANE_H = 24
 _TOP = 34
 _PAGES_H = 110
 _PIN_ROW = 22
-_WIDTH = 1100
+_WIDTH = 1000
+_RIGHT = 150  # room for the capacity label and violation labels past the last tick
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,7 @@ def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:
     lanes_h = max(1, len(s.lanes)) * _LANE_H
     pages_top = _TOP + lanes_h + 30 + len(pins) * _PIN_ROW
     height = pages_top + _PAGES_H + 44
-    width = _LABEL_W + span * unit_w + 260
+    width = _LABEL_W + span * unit_w + _RIGHT
     parts = [rect(0, 0, width, height, "#ffffff")]
     parts += _axis(s, x, _TOP, _TOP + lanes_h)
     row = {lane.rid: i for i, lane in enumerate(s.lanes)}
@@ -201,7 +202,7 @@ def _pin(pin: Pin, x: Scale, row: dict[str, int], top: float, lanes_h: float, s:
             f'<line x1="{cx:.1f}" y1="{top + lanes_h + 4:.1f}" x2="{cx:.1f}" y2="{ly:.1f}" stroke="{MARK}"/>'
     label = esc(f"{pin.number}: {pin.message}", 90)
     width = 8 + 6.4 * min(len(pin.message) + 3, 90)
-    lx = max(4.0, min(cx - 10, x(s.end) + 250 - width))
+    lx = max(4.0, min(cx - 10, x(s.end) + _RIGHT - 10 - width))
     return (f"<g>{title(tip)}{marker}</g>",
             f"<g>{title(tip)}"
             + rect(lx, ly, width, _PIN_ROW - 3, "#ffffff", extra=f' stroke="{MARK}" stroke-width="2"')
