@@ -3,6 +3,7 @@
     cbatch simulate [options]                 run the reference scheduler (see --help)
     cbatch check --impl SPEC [--trace T] ...  run an implementation and check every clause
     cbatch check --report R.json [--trace T]  check a recorded report
+    cbatch explain --impl SPEC [--trace T] --html OUT   draw a run as an HTML page (--lifecycle PART: a part)
     cbatch schema [NAME]                      list the schemas, or print one
     cbatch clauses                            the contract clause table
     cbatch impls                              installed implementations
@@ -76,6 +77,8 @@ def _check_parser() -> argparse.ArgumentParser:
                              "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
                              "narrow what is judged (without it they are schema_valid violations and every clause "
                              "is judged)")
+    parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane per "
+                        "request, the KV pages, each violation marked (open it in a browser)")
     return parser
 
 
@@ -145,7 +148,7 @@ def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any
     return "the report " + " and ".join(p for p in parts if p)
 
 
-def _check(argv: list[str]) -> int:
+def _check(argv: list[str], prog: str = "cbatch check") -> int:
     from .contract import CLAUSES, check_report, clause_ids, out_of_scope, unobservable
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
@@ -155,7 +158,9 @@ def _check(argv: list[str]) -> int:
     from .spelling import unknown_name
     from .workloads import BASE_CONFIG
 
-    args = _check_parser().parse_args(argv)
+    parser = _check_parser()
+    parser.prog = prog
+    args = parser.parse_args(argv)
     wanted = args.clause or None
     opt_in = OPT_IN_CLAUSES if args.course else ()
     unknown = [c for c in wanted or () if c not in judged_clauses(OPT_IN_CLAUSES)]
@@ -190,6 +195,8 @@ def _check(argv: list[str]) -> int:
     stack, stopped = "", False
     try:
         if wanted and "invalid_input_refused" in wanted:
+            if args.html:
+                print("note: no picture of invalid_input_refused: its input is refused before any schedule exists")
             return _check_refusal(args, resolve_impl(args.impl, bounds=_check_bounds(args, argv),
                                                      tick_seconds=args.tick_seconds, model=args.model,
                                                      option="--impl"),
@@ -248,6 +255,8 @@ def _check(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = sorted({v.clause for v in violations})
+    if args.html:
+        print(_draw(args.html, argv, trace, report, violations, checked))
     for v in violations:
         print(v)
     for line in stack_lines(stack, stopped):
@@ -282,6 +291,81 @@ def _recorded_settings(report: dict[str, Any]) -> dict[str, Any]:
 
     config = report.get("config")
     return {k: v for k, v in config.items() if k in CONFIG_CHOICES} if isinstance(config, dict) else {}
+def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report: Any,
+          violations: Sequence[Any], checked: Sequence[str]) -> str:
+    """Write the page of one checked run to ``out``; the line that names it."""
+    import shlex
+
+    from .picture import schedule_page
+
+    failed = sorted({v.clause for v in violations})
+    statement = (f"{len(failed)} of {len(checked)} clauses violated: {', '.join(failed)}" if failed else
+                 f"all {len(checked)} clauses checked hold")
+    rest = [a for i, a in enumerate(argv) if a != "--html" and not a.startswith("--html=")
+            and (i == 0 or argv[i - 1] != "--html")]
+    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{len(trace)} trace lines, {statement}",
+                         report=report if isinstance(report, dict) else None, violations=violations, trace=trace,
+                         replay="cbatch check " + " ".join(shlex.quote(a) for a in rest))
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    return f"picture: {os.path.abspath(out)} (open it in a browser)"
+
+
+def _explain(argv: list[str]) -> int:
+    """``cbatch explain``: ``cbatch check --html OUT`` for a trace, or a lifecycle part's page (``--lifecycle``)."""
+    if "--lifecycle" in argv or any(a.startswith("--lifecycle=") for a in argv):
+        return _explain_lifecycle(argv)
+    if not any(a == "--html" or a.startswith("--html=") for a in argv) and not {"-h", "--help"} & set(argv):
+        print("error: cbatch explain needs --html OUT (the page to write); cbatch check prints the text alone",
+              file=sys.stderr)
+        return 2
+    return _check(argv, prog="cbatch explain")
+
+
+def _explain_lifecycle(argv: list[str]) -> int:
+    import shlex
+
+    from .impls import ImplementationError, resolve_impl
+    from .lifecycle import PARTS, lifecycle_verdicts, missing_parts
+    from .picture import lifecycle_page
+
+    parser = argparse.ArgumentParser(prog="cbatch explain --lifecycle",
+                                     description="Judge one lifecycle part and draw its failing clauses' step "
+                                                 "scripts (the failing step marked, the pool after each step).")
+    parser.add_argument("--impl", metavar="SPEC", required=True, help="the implementation (as --cbatch-impl)")
+    parser.add_argument("--lifecycle", metavar="PART", required=True, choices=list(PARTS), help="the part to judge")
+    parser.add_argument("--html", metavar="OUT", required=True, help="the page to write")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="time limit of one example's calls into the implementation; 0: none")
+    parser.add_argument("--examples", type=int, default=100, metavar="N",
+                        help="Hypothesis examples per search (derandomized, as the ci profile)")
+    args = parser.parse_args(argv)
+    try:
+        impl = resolve_impl(args.impl, option="--impl")
+    except ImplementationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_parts(impl.namespace).get(args.lifecycle)
+    if missing:
+        print(f"error: lifecycle {args.lifecycle}: {missing}", file=sys.stderr)
+        return 2
+    from hypothesis import settings
+
+    from .bounded import Bounds
+
+    profile = settings(max_examples=max(1, args.examples), derandomize=True, database=None, deadline=None)
+    verdicts = lifecycle_verdicts(args.lifecycle, impl.namespace, profile,
+                                  bounds=Bounds(seconds=args.timeout, time_option="--timeout"))
+    failed = [(cid, v.message) for cid, v in verdicts.items() if v.status == "fail"]
+    rerun = "cbatch explain " + " ".join(shlex.quote(a) for a in ("--impl", args.impl, "--lifecycle", args.lifecycle,
+                                                                   "--examples", str(args.examples), "--html", args.html))
+    with open(args.html, "w", encoding="utf-8") as fh:
+        fh.write(lifecycle_page(heading=f"lifecycle {args.lifecycle}: {len(failed)} of {len(verdicts)} clauses "
+                                        f"fail with {args.impl}", failures=failed, rerun=rerun))
+    for cid, v in verdicts.items():
+        print(f"{v.status:5} {cid}" + (f": {v.message.splitlines()[0]}" if v.status != "pass" else ""))
+    print(f"picture: {os.path.abspath(args.html)} (open it in a browser)")
+    return 1 if failed or any(v.status == "error" for v in verdicts.values()) else 0
 
 
 def _check_bounds(args: argparse.Namespace, argv: Sequence[str]) -> Any:
@@ -418,6 +502,8 @@ def _live(name: str) -> Any:
 COMMANDS: dict[str, tuple[Any, str]] = {
     "simulate": (_simulate, "run the reference scheduler on a trace and print its report"),
     "check": (_check, "check an implementation (--impl) or a recorded report (--report) against the contract"),
+    "explain": (_explain, "draw a run (cbatch check's options, --html OUT) or a lifecycle part (--lifecycle PART) "
+                          "as an HTML page"),
     "schema": (_schema, "list the JSON schemas, or print one"),
     "clauses": (_clauses, "print the contract clause table"),
     "impls": (_impls, "list the installed implementations (entry points)"),

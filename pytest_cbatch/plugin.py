@@ -656,9 +656,34 @@ def fail_clause(
     text = explain_failure(spec=state.spec, replay_spec=state.impl.replay(), clause=clause, workload=workload,
                            violations=result.violations, trace=trace, config=config, report=result.report,
                            trace_path=path, shrunk_from=original, stack=result.stack, stopped=result.stopped)
+    text += "\n" + _write_picture(state, clause, workload, trace, config, result, path, text)
     if result.stopped:
         raise RunawayFailure(text)
     pytest.fail(text, pytrace=False)
+
+
+def _write_picture(state: CbatchState, clause: str, workload: str, trace: list[dict[str, Any]],
+                   config: dict[str, Any], result: Any, trace_path: str, text: str) -> str:
+    """Write the failure's page (``pytest_cbatch.picture``) beside its replay file; the line naming it."""
+    from .explain import replay_command
+
+    def page() -> str:
+        from .picture import failure_page
+
+        return failure_page(spec=state.spec, clause=clause, workload=workload, violations=result.violations,
+                            trace=trace, report=result.report, text=text,
+                            replay=replay_command(state.impl.replay(), trace_path, config, clause))
+
+    return picture_line(state, f"{clause}-{workload}.html", page)
+
+
+def picture_line(state: CbatchState, name: str, page: Callable[[], str]) -> str:
+    """Write the page ``page()`` draws as ``name`` in the artifacts folder; the failure text's line naming it."""
+    try:
+        html = page()
+    except Exception as exc:  # a picture never hides the verdict it illustrates
+        return f"picture: not drawn ({type(exc).__name__}: {exc})"
+    return f"picture: {_write_artifact(state.artifacts, name, html)} (open it in a browser)"
 
 
 class RunawayFailure(BaseException):

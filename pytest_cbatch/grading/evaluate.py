@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..explain import explain_failure, trace_jsonl
+from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
 from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
@@ -315,7 +315,7 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     for case, result in tally.hidden_failed:
-        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)
+        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)[0]
                           if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
     withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
@@ -330,11 +330,13 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
         lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
     if tally.hidden_failed:
         lines.append("it also failed on hidden workloads (which and how many is withheld)")
+    picture = None
     if tally.failed:
         first_case = tally.failed[0][0]
-        lines.append(_explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid, *tally.failed[0],
-                              spec, out_dir))
-    return TestResult(name, False, "\n".join(lines), tags=tags)
+        text, picture = _explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid,
+                                 *tally.failed[0], spec, out_dir)
+        lines.append(text)
+    return TestResult(name, False, "\n".join(lines), tags=tags, picture=picture)
 
 
 def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
@@ -373,7 +375,9 @@ def _kinds(tally: _Tally, plan: Plan) -> str:
 
 
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
-             write: bool = True) -> str:
+             write: bool = True) -> tuple[str, str | None]:
+    """The failure's text and, when it is written for the student (``write``) and its workload is not
+    hidden, its picture as an HTML fragment (the page itself is written beside the trace)."""
     trace, original = [dict(line) for line in case.trace], len(case.trace)
     if cid != "invalid_input_refused" and not ((out := judge.run(trace, case.config).outcome).broken or out.stopped):
         smaller = shrink_trace(judge, cid, trace, case.config, max_runs=40)
@@ -386,8 +390,17 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
                            config=case.config, report=result.report, trace_path=filename, shrunk_from=original,
                            stack=result.stack, stopped=result.stopped)
-    return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
-                   f"run the replay command there)" if write else "")
+    text += (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
+             f"run the replay command there)" if write else "")
+    if not write or case.kind == "hidden":  # a hidden workload is never drawn for the student
+        return text, None
+    from ..picture import failure_page, schedule_fragment
+
+    replay = replay_command(spec, filename, case.config, cid)
+    page = failure_page(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
+                        report=result.report, replay=replay, text=text)
+    (out_dir / filename.replace(".jsonl", ".html")).write_text(page, encoding="utf-8")
+    return text, schedule_fragment(result.report, result.violations)
 
 
 # ----------------------------------------------------------------- lifecycle
@@ -421,8 +434,18 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=reason))
             continue
         text = {"pass": "passed", "fail": "failed", "error": "not judged (the run broke down)"}[status]
-        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"]))
+        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"],
+                                picture=_lifecycle_picture(cid, message) if status == "fail" else None))
     return tests
+
+
+def _lifecycle_picture(cid: str, message: str) -> str:
+    """A failing lifecycle clause's steps, the failing one marked, the pool after each (an HTML fragment; the
+    test's text follows it on Gradescope)."""
+    from ..picture.lifecycle import lifecycle_section
+
+    return lifecycle_section(cid, message.partition("] ")[2] if message.startswith("[") else message,
+                             with_text=False)
 
 
 _RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}

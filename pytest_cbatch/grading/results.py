@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,15 +28,22 @@ class TestResult:
     visibility: str = "visible"
     tags: list[str] = field(default_factory=list)
     unjudged: str | None = None
+    picture: str | None = None  # the failure's picture (an HTML fragment): Gradescope shows it above the text
 
     @property
     def score(self) -> float:
         return self.max_score if self.passed else 0.0
 
     def gradescope(self) -> dict[str, Any]:
-        return {"name": self.name, "score": self.score, "max_score": self.max_score,
-                "status": "passed" if self.passed else "failed", "output": self.output,
-                "visibility": self.visibility, "tags": list(self.tags)}
+        """This test in results.json: with a picture, the output is HTML (the picture, then the text in a
+        ``<pre>``) and ``output_format`` says so; otherwise plain text."""
+        out = {"name": self.name, "score": self.score, "max_score": self.max_score,
+               "status": "passed" if self.passed else "failed", "output": self.output,
+               "visibility": self.visibility, "tags": list(self.tags)}
+        if self.picture and not self.passed:
+            out["output"] = f"{self.picture}\n<pre>{html.escape(self.output)}</pre>"
+            out["output_format"] = "html"
+        return out
 
 
 @dataclass

@@ -152,8 +152,11 @@ def load_main(argv: Sequence[str]) -> int:
     except (LiveError, MissingExtra, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    knees = [r["level"] for r in results if r.get("knee")]
-    print(f"knee: {knees[0]:g}" if knees else "knee: none (every level scaled within --knee-threshold)")
+    from .plot import knee_interval
+
+    interval = knee_interval(results)
+    print(f"knee: between {interval[0]:g} and {interval[1]:g} ({interval[1]:g} gained less than "
+          f"--knee-threshold of linear)" if interval else "knee: none (every level scaled within --knee-threshold)")
     return 0
 
 
