@@ -3,6 +3,7 @@ in the same sandbox as a Python submission; a broken manifest is refused with a 
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -156,7 +157,7 @@ def test_a_javascript_scheduler_gets_full_contract_marks_in_the_default_sandbox(
     dave = json.loads((out / "dave" / "results.json").read_text(encoding="utf-8"))
     failed = [t for t in dave["tests"] if t["score"] < t["max_score"] and t["name"].startswith("contract.")]
     assert [t["name"] for t in failed] == ["contract.course_results"]
-    assert "cbatch check --impl 'exec:node scheduler_sim.js' --trace" in failed[0]["output"]
+    assert "cbatch check --impl 'exec:node scheduler_sim.js' --trace" in html.unescape(failed[0]["output"])
     for name, message in (("bob", "[submission] has unknown key(s) 'entry'"),
                           ("carol", "the command 'nodejs-that-is-not-there' is not found")):
         doc = json.loads((out / name / "results.json").read_text(encoding="utf-8"))

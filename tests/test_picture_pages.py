@@ -93,7 +93,7 @@ def _graded(root: Path) -> dict[str, Path]:
     (folder / "scheduler_faults.py").write_text(REFEED, encoding="utf-8")
     rubric = root / "rubric.toml"
     rubric.write_text('[grading]\nparts = ["scheduler", "lifecycle"]\ngenerated_examples = 0\nlifecycle_examples = 5\n'
-                      'sandbox = "process"\n[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n'
+                      'sandbox = "process"\nkit_imports = "allow"\n[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n'
                       '"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
     out = root / "graded"
     out.mkdir()
