@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import bounded
 from .bounded import Bounds
+from .plain import NotPlain, describe, exception_text, loads, plain
 
 __all__ = [
     "ENTRY_POINT_GROUP", "Implementation", "ImplementationError", "Refused", "Unsupported",
@@ -140,13 +141,11 @@ class Implementation:
         except BrokenOutput as exc:
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
         seconds = time.perf_counter() - start
-        mutated = None
-        if given_trace != list(trace):
-            first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
-            mutated = f"trace line {first} changed" if first < len(trace) else "trace length changed"
-        elif given_config != dict(config):
-            mutated = "config changed"
-        return RunOutcome(report, mutated=mutated, seconds=seconds)
+        try:
+            report = plain(report)  # the trust boundary: no clause sees anything but plain, bounded data
+        except NotPlain as exc:
+            return RunOutcome(None, broken=f"what it returned is not plain JSON data: {exc}", seconds=seconds)
+        return RunOutcome(report, mutated=_mutation(given_trace, trace, given_config, config), seconds=seconds)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -191,13 +190,38 @@ class PythonImplementation(Implementation):
         except bounded.CallStopped as exc:
             raise Stopped(str(exc), exc.stack) from None
         except NotImplementedError as exc:
-            raise Unsupported(f"{self.spec} raised NotImplementedError: {exc}") from exc
+            raise Unsupported(f"{self.spec} raised {_crash(exc, self.bounds)[0]}") from None
         except Exception as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}", bounded.crash_traceback(exc)) from exc
+            raise Refused(*_crash(exc, self.bounds)) from None
         return report
 
     def describe(self) -> str:
         return f"{self.spec} ({self.source}; {self.bounds.describe() if self.bounds else 'unbounded'})"
+
+
+def _crash(exc: BaseException, bounds: Bounds | None) -> tuple[str, str]:
+    """The message and traceback of an exception the implementation raised.  Its ``__str__`` is the
+    implementation's code, so they are read under the call's bounds; what cannot be read is said so."""
+    try:
+        return bounded.call(lambda: (exception_text(exc), bounded.crash_traceback(exc)), bounds=bounds)
+    except (bounded.CallStopped, Exception) as failure:
+        return f"{describe(exc)} (its message could not be read: {exception_text(failure)})", ""
+
+
+def _mutation(given_trace: Any, trace: Sequence[Mapping[str, Any]], given_config: Any,
+              config: Mapping[str, Any]) -> str | None:
+    """What the implementation changed in its copies of the input, or None; what it wrote there is
+    untrusted too, so it is compared only once it is plain data."""
+    try:
+        given_trace, given_config = plain(given_trace), plain(given_config)
+    except NotPlain as exc:
+        return f"it wrote something other than plain data into its input: {exc}"
+    if given_trace != list(trace):
+        first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
+        return f"trace line {first} changed" if first < len(trace) else "trace length changed"
+    if given_config != dict(config):
+        return "config changed"
+    return None
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
@@ -225,11 +249,11 @@ class ExecImplementation(Implementation):
         self.namespace = None
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
-        payload = json.dumps({"trace": trace, "config": config})
+        payload = json.dumps({"trace": trace, "config": config}).encode("utf-8")
         seconds = self.limits.seconds
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+                                    start_new_session=True)
         except OSError as exc:
             raise Refused(f"could not start {self.argv[0]!r}: {exc}") from None
         try:
@@ -240,17 +264,35 @@ class ExecImplementation(Implementation):
                           f"the limit; 0 disables it); its process session was killed") from None
         finally:
             _kill_session(proc)  # whatever it left running in its session
-        proc = subprocess.CompletedProcess(self.argv, proc.returncode, stdout, stderr)
-        message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no message on stderr)"
-        if proc.returncode == self.UNSUPPORTED_EXIT:
-            raise Unsupported(f"{self.spec} exited 3 (unsupported): {message}")
-        if proc.returncode != 0:
-            raise Refused(f"exit status {proc.returncode}: {message}")
-        try:
-            return json.loads(proc.stdout)
-        except json.JSONDecodeError as exc:
-            raise BrokenOutput(f"stdout is not JSON ({exc.msg} at line {exc.lineno}): "
-                                  f"{proc.stdout[:200]!r}") from None
+        return exec_report(self.spec, proc.returncode, stdout, stderr)
+
+
+STDERR_LINES = 15
+"""How many of an ``exec:`` program's last stderr lines a failure shows (a crash's traceback, not only the
+last line, which for Node is its version banner)."""
+
+
+def stderr_tail(stderr: bytes, lines: int = STDERR_LINES, width: int = 300) -> str:
+    """The last ``lines`` non-blank lines of a program's stderr, each cut to ``width`` characters, bytes
+    that are not UTF-8 replaced; "(no message on stderr)" when there is none."""
+    text = stderr[-64 * 1024:].decode("utf-8", "replace")
+    tail = [line if len(line) <= width else line[:width - 3] + "..." for line in text.splitlines() if line.strip()]
+    return "\n".join(tail[-lines:]) if tail else "(no message on stderr)"
+
+
+def exec_report(spec: str, returncode: int, stdout: bytes, stderr: bytes) -> Any:
+    """The report an ``exec:`` program's exit status and output amount to, or the exception that says why
+    there is none (Unsupported for exit 3, Refused for another non-zero exit, BrokenOutput for stdout
+    that is not JSON); the document is plain data (``plain.loads``)."""
+    if returncode == ExecImplementation.UNSUPPORTED_EXIT:
+        raise Unsupported(f"{spec} exited 3 (unsupported): {stderr_tail(stderr, 1)}")
+    if returncode != 0:
+        raise Refused(f"exit status {returncode}: {stderr_tail(stderr, 1)}", stderr_tail(stderr))
+    try:
+        return loads(stdout)
+    except NotPlain as exc:
+        what = f"holds at {exc.path} {exc.problem}" if exc.path else f"is {exc.problem}"
+        raise BrokenOutput(f"stdout {what}: {stdout[:200]!r}") from None
 
 
 def _kill_session(proc: subprocess.Popen[str]) -> None:

@@ -42,9 +42,9 @@ def clause_ids() -> list[str]:
 def unobservable(cid: str, report: Mapping[str, Any]) -> str | None:
     """Why clause ``cid`` cannot be judged on ``report`` (it lacks the events it needs), or None."""
     found = CLAUSES.get(cid)
-    observed = report.get("observed")
-    if found is None or not found.needs or observed is None:
-        return None
+    observed = report.get("observed") if isinstance(report, dict) else None
+    if found is None or not found.needs or not isinstance(observed, list) or not all(type(k) is str for k in observed):
+        return None  # none claimed, or a claim schema_valid refuses
     missing = sorted(found.needs - set(observed))
     if not missing:
         return None
