@@ -141,6 +141,8 @@ class Implementation:
         except BrokenOutput as exc:
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
         seconds = time.perf_counter() - start
+        if report is None:
+            return RunOutcome(None, broken="it returned None, not a report", seconds=seconds)
         try:
             report = plain(report)  # the trust boundary: no clause sees anything but plain, bounded data
         except NotPlain as exc:

@@ -14,8 +14,10 @@ copy made of exact ``dict`` (``str`` keys), ``list``, ``str``, ``int``, ``float`
 
 Anything else raises ``NotPlain`` naming where (a JSON pointer) and what was found, described
 without calling a method of the value.  ``plain(value, lifecycle=True)`` also admits what a
-lifecycle part's published reads may hold: tuples, sets and frozensets of plain values and
-mapping keys that are plain hashable values (page ids, owners).
+lifecycle part's published reads may hold: tuples, sets and frozensets, mapping keys of any of
+those plain values (page ids, owners), objects that compare, hash and print as ``object`` does
+(by identity: a page id of the implementation's own class), and subclasses of builtins (a
+str-valued Enum, a named tuple), copied as their builtin part without running their code.
 
 ``loads(text)`` decodes JSON text through the same boundary; any text, however deep or odd,
 ends in ``NotPlain`` or plain data.  ``describe(value)`` names any value safely, for messages;
@@ -131,8 +133,45 @@ def _copy(value: Any, depth: int, lifecycle: bool) -> Any:
         except _Bad as bad:
             bad.where.append("*")
             raise
-    expected = "JSON data" if not lifecycle else "plain data (numbers, strings, lists, tuples, sets, dicts)"
-    raise _Bad(f"{describe(value)}, expected {expected}")
+    if lifecycle:
+        base = _unwrapped(value, kind)
+        if base is not _NOTHING:
+            return _copy(base, depth, lifecycle)
+        if _opaque(kind):
+            return value
+        raise _Bad(f"{describe(value)} whose methods (__eq__, __hash__, __repr__ ...) are its own code; the kit "
+                   f"compares only plain data (numbers, strings, lists, tuples, sets, dicts) and objects it "
+                   f"compares by identity")
+    raise _Bad(f"{describe(value)}, expected JSON data")
+
+
+_NOTHING = object()
+_UNWRAP: tuple[tuple[type, Any], ...] = (
+    (str, str.__str__), (int, int.__int__), (float, float.__float__), (list, list.copy),
+    (tuple, lambda v: tuple.__getitem__(v, slice(None))), (dict, lambda v: dict(dict.items(v))),
+    (frozenset, frozenset.copy), (set, set.copy),
+)
+_WATCHED = frozenset({"__eq__", "__ne__", "__hash__", "__repr__", "__str__", "__format__", "__getattribute__",
+                      "__getattr__", "__lt__", "__le__", "__gt__", "__ge__", "__bool__", "__len__", "__iter__",
+                      "__class__", "__del__"})
+_MRO, _DICT = type.__dict__["__mro__"], type.__dict__["__dict__"]
+
+
+def _unwrapped(value: Any, kind: type) -> Any:
+    """A lifecycle value of a subclass of a builtin (a str-valued Enum, a named tuple) as an exact copy of its
+    builtin part, made by the builtin's own method (none of the subclass's code runs); else _NOTHING."""
+    for base, copy in _UNWRAP:
+        if issubclass(kind, base):
+            return copy(value)
+    return _NOTHING
+
+
+def _opaque(kind: type) -> bool:
+    """Whether instances of ``kind`` compare, hash and print as ``object`` does (by identity): a page id or
+    handle the kit may hold, compare and print without running the implementation's code."""
+    if type(kind) is not type:
+        return False
+    return not any(_WATCHED & _DICT.__get__(cls).keys() for cls in _MRO.__get__(kind) if cls is not object)
 
 
 def _flat(values: Any) -> bool:
@@ -161,9 +200,7 @@ def _key(key: Any, lifecycle: bool) -> Any:
         return key
     if not lifecycle:
         raise _Bad(f"the key {describe(key)} is not a string")
-    if type(key) in (int, float, bool, type(None), tuple):
-        return _copy(key, 2, lifecycle)
-    raise _Bad(f"the key {describe(key)} is not a plain hashable value")
+    return _copy(key, 2, lifecycle)  # hashable still: a tuple, a scalar, or an object hashed by identity
 
 
 def loads(text: str | bytes) -> Any:

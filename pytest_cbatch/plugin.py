@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -225,8 +226,8 @@ def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not sep or key not in CONFIG_CHOICES:
             raise pytest.UsageError(f"--cbatch-config {item!r}: expected KEY=VALUE with KEY one of "
                                     f"{', '.join(CONFIG_CHOICES)}")
-        value: Any = text if isinstance(CONFIG_CHOICES[key], tuple) else (int(text) if text.lstrip("-").isdigit()
-                                                                        else text)
+        number = not isinstance(CONFIG_CHOICES[key], tuple) and re.fullmatch(r"-?[0-9]{1,30}", text)
+        value: Any = int(text) if number else text  # else validate_config names the value it refuses
         try:
             validate_config({key: value})
         except ValueError as exc:
