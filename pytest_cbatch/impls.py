@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import bounded
 from .bounded import Bounds
+from .breaker import Breaker
 from .plain import NotPlain, describe, exception_text, loads, plain
 
 __all__ = [
@@ -77,11 +78,12 @@ class Refused(Exception):
 
 
 class Stopped(Exception):
-    """The call was stopped for a limit (time or memory); ``stack`` is the implementation's stack then."""
+    """The call was stopped for a limit (``reason``: ``"time"`` or ``"memory"``); ``stack`` is the
+    implementation's stack then."""
 
-    def __init__(self, message: str, stack: str = "") -> None:
+    def __init__(self, message: str, stack: str = "", reason: str = "time") -> None:
         super().__init__(message)
-        self.stack = stack
+        self.stack, self.reason = stack, reason
 
 
 class Unsupported(Exception):
@@ -114,6 +116,7 @@ class Implementation:
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
     replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
     bounds: Bounds | None = None  # the in-process limits of its calls (None: it bounds itself, e.g. a process)
+    breaker: Breaker | None = None  # when set, calls fail at once after a run of calls stopped at the time limit
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
@@ -128,6 +131,8 @@ class Implementation:
         reason = self.unsupported_reason(config)
         if reason:
             return RunOutcome(None, unsupported=reason)
+        if self.breaker is not None and self.breaker.tripped:
+            return RunOutcome(None, stopped=self.breaker.tripped)
         given_trace, given_config = copy.deepcopy(list(trace)), copy.deepcopy(dict(config))
         start = time.perf_counter()
         try:
@@ -135,11 +140,15 @@ class Implementation:
         except Unsupported as exc:
             return RunOutcome(None, unsupported=str(exc))
         except Refused as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except Stopped as exc:
+            self._note(timed_out=exc.reason == "time")
             return RunOutcome(None, stopped=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except BrokenOutput as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
+        self._note(timed_out=False)
         seconds = time.perf_counter() - start
         if report is None:
             return RunOutcome(None, broken="it returned None, not a report", seconds=seconds)
@@ -148,6 +157,10 @@ class Implementation:
         except NotPlain as exc:
             return RunOutcome(None, broken=f"what it returned is not plain JSON data: {exc}", seconds=seconds)
         return RunOutcome(report, mutated=_mutation(given_trace, trace, given_config, config), seconds=seconds)
+
+    def _note(self, timed_out: bool) -> None:
+        if self.breaker is not None:
+            self.breaker.note(timed_out)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -190,7 +203,7 @@ class PythonImplementation(Implementation):
         try:
             report = bounded.call(self.fn, trace, bounds=self.bounds, **config)
         except bounded.CallStopped as exc:
-            raise Stopped(str(exc), exc.stack) from None
+            raise Stopped(str(exc), exc.stack, exc.reason) from None
         except NotImplementedError as exc:
             raise Unsupported(f"{self.spec} raised {_crash(exc, self.bounds)[0]}") from None
         except Exception as exc:

@@ -37,8 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="time limit of every call into the implementation (in process, exec:, http://, "
                          "--cbatch-isolate; one lifecycle example), default 60; 0 disables it (ini: cbatch_timeout)")
     group.addoption("--cbatch-memory", type=float, default=None, metavar="MIB",
-                    help="how much one in-process call may grow this process's resident memory, default 4096 MiB; "
+                    help="how much one in-process call may grow this process's resident memory, default 1024 MiB; "
                          "0 disables it (ini: cbatch_memory)")
+    group.addoption("--cbatch-max-timeouts", type=int, default=None, metavar="N",
+                    help="after N calls of the implementation in a row did not finish within the time limit, the "
+                         "rest fail at once, default 3; 0 never stops calling (ini: cbatch_max_timeouts)")
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
@@ -65,6 +68,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default=None)
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
                   default=None)
+    parser.addini("cbatch_max_timeouts", "calls in a row stopped at the time limit before the rest fail at once, "
+                  "0: never (see --cbatch-max-timeouts)", default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
@@ -76,7 +81,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_expect_options(group, parser)
 
 
-LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 4096.0}
+LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 1024.0}
 """Seconds per call and MiB of memory growth when neither an option, the ini file nor the implementation says."""
 
 
@@ -169,6 +174,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                 tick_seconds=tick_seconds)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
+    impl.breaker = _breaker(config)
     chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
     native = _engine_native(impl, chosen)
     hypothesis_profile = _load_hypothesis_profile(config, profile)  # global state: only once every setting is valid
@@ -213,6 +219,18 @@ def _configure_last_resort(config: pytest.Config, enabled: bool) -> None:
         os.close(fd)
 
     config.add_cleanup(restore)
+
+
+def _breaker(config: pytest.Config) -> Any:
+    """The breaker of --cbatch-max-timeouts (ini cbatch_max_timeouts); a bad value is a usage error."""
+    from .breaker import DEFAULT_MAX_TIMEOUTS, Breaker
+
+    chosen = _setting(config, "max_timeouts")
+    text = str(DEFAULT_MAX_TIMEOUTS if chosen is None else chosen).strip()
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise pytest.UsageError(f"--cbatch-max-timeouts (ini cbatch_max_timeouts) must be a whole number of calls, "
+                                f"0 to never stop calling; got {chosen!r}")
+    return Breaker(int(text))
 
 
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
