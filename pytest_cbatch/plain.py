@@ -49,7 +49,7 @@ class NotPlain(ValueError):
     and ``problem`` say where and what."""
 
     def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path or '/'}: {problem}")
+        super().__init__(f"{path}: {problem}" if path else problem)
         self.path, self.problem = path, problem
 
 
@@ -65,7 +65,7 @@ def describe(value: Any) -> str:
         return repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
     name = _NAME.__get__(kind)
     base = next((b for b in (bool, int, float, str, dict, list, tuple) if issubclass(kind, b)), None)
-    what = f"a subclass of {_NAME.__get__(base)}" if base is not None else "an object"
+    what = f"a subclass of {_NAME.__get__(base)}" if base is not None and base is not kind else "an object"
     return f"{what} of type {name[:60]!r}"
 
 

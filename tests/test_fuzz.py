@@ -144,10 +144,32 @@ def corrupted_reports(draw: st.DrawFn) -> Any:
         return report
 
 
-def judge_all(report: Any) -> None:
-    """Judge every clause on an implementation that returns ``report``; render each failure as the plugin does."""
-    impl = PythonImplementation("fuzz", lambda trace, **config: report, "fuzz", Bounds(seconds=30, memory_mib=0))
-    judge = Judge(impl)
+class HostileError(Exception):
+    """An exception whose message cannot be read."""
+
+    __str__ = __repr__ = _boom
+
+
+def judge_all(report: Any, behaviour: str = "return") -> None:
+    """Judge every clause on an implementation that returns ``report`` (with ``behaviour`` "mutate", after
+    writing it into its input; with "raise", it raises an exception carrying it, whose message cannot be
+    read); render each failure as the plugin does."""
+
+    def simulate(trace: list[Any], **config: Any) -> Any:
+        if behaviour == "raise":
+            raise HostileError(report)
+        if behaviour == "mutate":
+            trace[0]["id"] = report
+            config["capacity"] = report
+            return REPORT
+        return report
+
+    judge = Judge(PythonImplementation("fuzz", simulate, "fuzz", Bounds(seconds=30, memory_mib=0)))
+    if behaviour != "return":
+        results = [judge.judge(clause, TRACE, CONFIG) for clause in ("completes", "input_not_mutated")]
+        assert all(r.status in ("pass", "fail", "skip") for r in results), results
+        assert any(r.status == "fail" for r in results) or report == TRACE[0]["id"], results
+        return
     results = [judge.judge(clause, TRACE, CONFIG) for clause in ALL_CLAUSES if clause != "invalid_input_refused"]
     try:
         plain(report)
@@ -168,10 +190,10 @@ def judge_all(report: Any) -> None:
 
 
 def test_hostile_reports_end_in_verdicts(request: pytest.FixtureRequest) -> None:
-    @brief(request, 60)
-    @given(corrupted_reports())
-    def check(report: Any) -> None:
-        judge_all(report)
+    @brief(request, 25)
+    @given(corrupted_reports(), st.sampled_from(["return"] * 8 + ["raise", "mutate"]))
+    def check(report: Any, behaviour: str) -> None:
+        judge_all(report, behaviour)
 
     check()
 
@@ -371,7 +393,7 @@ def lifecycle_fuzz_settings() -> settings:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "lifecycle_case" in metafunc.fixturenames:
-        count = 120 if metafunc.config.getoption("--run-slow") else 12
+        count = 120 if metafunc.config.getoption("--run-slow") else 6
         metafunc.parametrize("lifecycle_case", lifecycle_cases(count), ids=lambda c: f"{c[0]}-{c[2]}-{c[4]}-{c[5]}")
 
 
