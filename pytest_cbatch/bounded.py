@@ -103,10 +103,10 @@ class Bounds:
     def declared(self, limits: Any) -> "Bounds":
         """These bounds with an implementation's declared ``CBATCH_LIMITS`` (a mapping with ``seconds`` and/or
         ``memory_mib``, e.g. an engine whose first call starts it) applied to the limits left at default."""
-        if not isinstance(limits, dict):
+        if type(limits) is not dict:  # declared by the implementation: plain data only (see plain.py)
             return self
-        chosen = {k: float(v) for k, v in limits.items() if k in self.defaults and isinstance(v, (int, float))
-                  and not isinstance(v, bool) and v >= 0}
+        chosen = {k: float(v) for k, v in limits.items() if k in self.defaults and type(v) in (int, float)
+                  and 0 <= v < 1e12}
         return replace(self, **chosen) if chosen else self
 
     @property

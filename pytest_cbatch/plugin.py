@@ -265,13 +265,16 @@ def _engine_native(impl: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
     namespace = getattr(impl, "namespace", None)
     for name in getattr(namespace, "CBATCH_ENGINE_LOGGERS", ()):
         logging.getLogger(name).setLevel(logging.ERROR)
-    declared = dict(getattr(namespace, "CBATCH_NATIVE_CONFIG", None) or {})
     try:
+        from .plain import plain
         from .reference.scheduler_sim import validate_config
 
-        validate_config(declared)
-    except ValueError as exc:
-        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG {declared!r} is invalid: {exc}") from None
+        declared = plain(getattr(namespace, "CBATCH_NATIVE_CONFIG", None))
+        if not isinstance(declared, (dict, type(None))):
+            raise ValueError(f"a dict of settings is expected, got {declared!r}")
+        declared = validate_config(declared or {})
+    except ValueError as exc:  # NotPlain too: what the implementation declares is data, checked as any
+        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG is invalid: {exc}") from None
     return {k: v for k, v in declared.items() if k not in chosen}
 
 

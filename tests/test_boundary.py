@@ -254,3 +254,21 @@ def test_a_lifecycle_part_with_enum_states_and_opaque_page_ids_is_no_false_alarm
     assert plain({page: [page]}, lifecycle=True) == {page: [page]}
     with pytest.raises(NotPlain):
         plain({"a": page})  # not in a report: a report is JSON
+
+
+def test_what_an_implementation_declares_about_itself_is_data_too() -> None:
+    from types import SimpleNamespace
+
+    from pytest_cbatch.plugin import _engine_native
+
+    class Limits(dict):
+        def items(self) -> Any:
+            raise RuntimeError("Limits.items")
+
+    for limits in (Limits(seconds=1), {"seconds": 10**400, "memory_mib": float("nan")}):
+        target = SimpleNamespace(simulate=simulate, CBATCH_LIMITS=limits)
+        assert PythonImplementation("declares", target, "test").bounds == Bounds()
+    for native in (Limits(release_delay=0), {"release_delay": 10**5000}, 5):
+        impl = PythonImplementation("declares", SimpleNamespace(simulate=simulate, CBATCH_NATIVE_CONFIG=native), "t")
+        with pytest.raises(pytest.UsageError, match="declares: its CBATCH_NATIVE_CONFIG is invalid"):
+            _engine_native(impl, {})
