@@ -69,12 +69,12 @@ def describe(value: Any) -> str:
     return f"{what} of type {name[:60]!r}"
 
 
-def plain(value: Any, *, lifecycle: bool = False, max_depth: int = MAX_DEPTH) -> Any:
+def plain(value: Any, *, lifecycle: bool = False) -> Any:
     """A plain, bounded copy of ``value``, or ``NotPlain`` naming the first place it is not (see the module)."""
     enabled = gc.isenabled()
     gc.disable()  # the copy makes no cycles; collections during it would walk the whole report again and again
     try:
-        return _copy(value, max_depth, lifecycle)
+        return _copy(value, MAX_DEPTH, lifecycle)
     except _Bad as bad:
         raise NotPlain("".join("/" + part for part in reversed(bad.where)), bad.problem) from None
     finally:
