@@ -94,7 +94,8 @@ def test_a_dict_subclass_report_fails_completes() -> None:
 
 
 def test_determinism_compares_plain_copies() -> None:
-    """The first report stays as it was returned: an implementation that keeps and changes it is caught."""
+    """The kit judges its own copy of a report: an implementation that keeps the object it returned and changes
+    it later changes nothing the kit judges (here the second run is the same as the first, as returned)."""
     kept: list[dict[str, Any]] = []
 
     def simulate_(trace: list[Any], **config: Any) -> dict[str, Any]:

@@ -334,7 +334,7 @@ LIFECYCLE_MEMBERS: dict[str, list[tuple[str, str, str]]] = {
 }
 
 
-def hostile_namespace(part: str, owner: str, member: str, kind: str, value: Callable[[], Any], after: int) -> Any:
+def hostile_namespace(owner: str, member: str, kind: str, value: Callable[[], Any], after: int) -> Any:
     """The reference's lifecycle classes, but ``owner.member`` gives ``value()`` from its ``after``-th use on
     (counted from the creation of the latest ``owner``)."""
     base = getattr(scheduler_faults, owner)
@@ -356,6 +356,7 @@ def hostile_namespace(part: str, owner: str, member: str, kind: str, value: Call
     else:
         method = getattr(base, member)
         attr = lambda self, *args: give(method(self, *args))  # noqa: E731
+
     def __init__(self: Any, *args: Any) -> None:
         uses[0] = 0  # each new object counts afresh: an example replays the same way
         base.__init__(self, *args)
@@ -385,10 +386,8 @@ HOSTILE_VALUES: list[Callable[[], Any]] = [
 ]
 
 
-@pytest.fixture
-def lifecycle_fuzz_settings() -> settings:
-    return settings(max_examples=3, derandomize=True, database=None, deadline=None, phases=(Phase.generate,),
-                    suppress_health_check=list(HealthCheck))
+LIFECYCLE_SETTINGS = settings(max_examples=3, derandomize=True, database=None, deadline=None,
+                              phases=(Phase.generate,), suppress_health_check=list(HealthCheck))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -397,11 +396,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("lifecycle_case", lifecycle_cases(count), ids=lambda c: f"{c[0]}-{c[2]}-{c[4]}-{c[5]}")
 
 
-def test_hostile_lifecycle_values_end_in_clause_verdicts(lifecycle_case: tuple[str, str, str, str, int, int],
-                                                         lifecycle_fuzz_settings: settings) -> None:
+def test_hostile_lifecycle_values_end_in_clause_verdicts(lifecycle_case: tuple[str, str, str, str, int, int]) -> None:
+    """Seeded cases, not a Hypothesis search: each case runs Hypothesis's own search of a lifecycle part."""
     part, owner, member, kind, which, after = lifecycle_case
-    namespace = hostile_namespace(part, owner, member, kind, HOSTILE_VALUES[which], after)
-    verdicts = lifecycle_verdicts(part, namespace, lifecycle_fuzz_settings, bounds=Bounds(seconds=30, memory_mib=0))
+    namespace = hostile_namespace(owner, member, kind, HOSTILE_VALUES[which], after)
+    verdicts = lifecycle_verdicts(part, namespace, LIFECYCLE_SETTINGS, bounds=Bounds(seconds=30, memory_mib=0))
     assert set(verdicts) == set(PART_CLAUSES[part])
     broken = {cid: v.message for cid, v in verdicts.items() if v.status == "error"}
     assert not broken, broken

@@ -83,7 +83,7 @@ def test_the_breaker_fails_the_rest_at_once_after_a_run_of_timeouts(pytester: py
     assert "--cbatch-max-timeouts=2" in later, later
 
 
-def test_the_breaker_counts_timeouts_in_a_row_and_zero_never_trips(tmp_path: Path) -> None:
+def test_the_breaker_counts_timeouts_in_a_row_and_zero_never_trips() -> None:
     breaker = Breaker(2)
     for timed_out in (True, False, True):
         breaker.note(timed_out)
