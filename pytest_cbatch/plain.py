@@ -3,8 +3,8 @@
 A report returned by ``simulate``, the JSON an ``exec:`` program prints, a value a lifecycle part
 returns: each is untrusted.  ``plain(value)`` is the one function that turns such a value into data
 the kit may compare, print and index without running a line of the implementation's code: a fresh
-copy made of exact ``dict`` (``str`` keys), ``list``, ``str``, ``int``, ``float``, ``bool`` and
-``None``, with
+copy made of exact ``dict`` (``str`` keys), ``list`` (an exact ``tuple`` becomes one, as ``json.dumps``
+writes it), ``str``, ``int``, ``float``, ``bool`` and ``None``, with
 
 * integers within ``MAX_INT`` in magnitude (a 5,000-digit integer cannot even be printed),
 * finite floats (JSON has no NaN or infinity),
@@ -103,9 +103,10 @@ def _copy(value: Any, depth: int, lifecycle: bool) -> Any:
         raise _Bad(f"{value!r} is not a JSON number")
     if depth <= 0:
         raise _Bad(f"nested deeper than {MAX_DEPTH} levels")
-    if kind is list or (lifecycle and kind is tuple):
+    if kind is list or kind is tuple:  # a tuple is an array, as json.dumps writes it (a list, outside lifecycle data)
+        kind = tuple if lifecycle and kind is tuple else list
         if _flat(value):
-            return list(value) if kind is list else value
+            return kind(value)
         index = 0
         try:
             items = []
