@@ -301,6 +301,25 @@ def test_hostile_pytest_settings_are_usage_errors(request: pytest.FixtureRequest
     check()
 
 
+def test_hostile_breaker_settings_are_usage_errors(request: pytest.FixtureRequest) -> None:
+    from types import SimpleNamespace
+
+    from pytest_cbatch.plugin import _breaker
+
+    @brief(request, 60)
+    @given(st.text(max_size=8) | st.sampled_from(["-1", "1e3", "9" * 40, "²", " 4 "]))
+    def check(value: str) -> None:
+        config = SimpleNamespace(getoption=lambda name: value, getini=lambda name: None)
+        try:
+            breaker = _breaker(config)
+        except pytest.UsageError as exc:
+            assert "--cbatch-max-timeouts" in str(exc) and repr(value) in str(exc)
+            return
+        assert breaker.limit == int(value)
+
+    check()
+
+
 def test_hostile_expectation_files_are_usage_errors(request: pytest.FixtureRequest, tmp_path: Path) -> None:
     from pytest_cbatch.expect import ExpectError, load_expectations
 
