@@ -216,10 +216,11 @@ class LifecycleMachine(RuleBasedStateMachine):
         if self.read_log is not None:
             self.reading(clause, *surface_names(expr))
         try:
-            return self.checked(clause, expr, fn()) if data else fn()
+            value = fn()
         except Exception as exc:
             self.stop_if_timed_out(clause, expr, exc)
             self.fail(clause, f"{expr} raised {exception_text(exc)}", expr)
+        return self.checked(clause, expr, value) if data else value
 
     def checked(self, clause: str, expr: str, value: Any) -> Any:
         """``value``, which ``expr`` gave, as plain data (``plain(..., lifecycle=True)``); else a violation of
