@@ -4,6 +4,7 @@ form's usage error stays one clear line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -100,14 +101,15 @@ def test_a_third_party_kind_runs_the_suite_under_pytest(pytester: pytest.Pyteste
 ])
 def test_the_resolver_imports_no_transport_until_one_is_asked_for(spec: str, imports: list[str]) -> None:
     code = textwrap.dedent(f"""
-        import sys
+        import json, sys
         from pytest_cbatch.impls import resolve_impl
         if {spec!r}:
             resolve_impl({spec!r})
-        print(sorted(m for m in sys.modules if m.startswith(("pytest_cbatch.kinds.", "pytest_cbatch.live",
-                                                            "pytest_cbatch.sandbox", "aiohttp"))))
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("pytest_cbatch.kinds.", "pytest_cbatch.live",
+                                                                        "pytest_cbatch.sandbox", "aiohttp")))))
     """)
-    loaded = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout)
     assert not [m for m in loaded if m.startswith(("pytest_cbatch.live", "pytest_cbatch.sandbox", "aiohttp"))], loaded
     for module in imports:
         assert module in loaded, loaded
