@@ -84,6 +84,21 @@ def test_a_kind_that_does_not_load_or_is_no_kind_is_one_error_naming_it(site: Pa
         resolve_impl("reference")
 
 
+def test_cbatch_impls_lists_the_kinds_in_the_order_they_are_asked(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_cbatch.cli import main
+
+    install_kind(site)
+    assert main(["impls", "--kinds"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [" 100 http = pytest_cbatch.kinds.live:KIND  (http://HOST:PORT)",
+                         " 150 echo = thirdparty_kind:KIND  (echo:NAME)",
+                         " 200 exec = pytest_cbatch.kinds.command:KIND  (exec:COMMAND)"], lines
+    assert lines[-1] == " 800 module = pytest_cbatch.kinds.python:MODULE" and len(lines) == 9, lines
+    install_kind(site, entry="thirdparty_kind:MISSING")
+    assert main(["impls", "--kinds"]) == 2
+    assert "kind 'echo' (thirdparty_kind:MISSING" in capsys.readouterr().err
+
+
 def test_a_third_party_kind_runs_the_suite_under_pytest(pytester: pytest.Pytester, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     site = install_kind(tmp_path / "site")
