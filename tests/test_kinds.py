@@ -31,7 +31,7 @@ KIND = Kind(order=ORDER, form="echo:NAME", claims=lambda request: request.spec.s
 '''
 
 
-def install_kind(site: Path, entry: str = "thirdparty_kind:KIND", order: int = 150, claims: str = "echo:",
+def install_kind(site: Path, entry: str = "thirdparty_kind:KIND", order: int = 150, claims: str | None = "echo:",
                  module: str = THIRD_PARTY) -> Path:
     """A distribution ``thirdparty-kind`` in ``site`` (a folder for sys.path): its module and a .dist-info
     declaring one entry point ``echo`` in the kinds group, as pip would install it."""
@@ -82,6 +82,22 @@ def test_a_kind_that_does_not_load_or_is_no_kind_is_one_error_naming_it(site: Pa
     install_kind(site, entry="thirdparty_kind:_build")
     with pytest.raises(ImplementationError, match=r"kind 'echo' \(thirdparty_kind:_build\) is not a"):
         resolve_impl("reference")
+
+
+def test_a_kind_that_breaks_on_a_spec_is_one_error_naming_it(site: Path) -> None:
+    install_kind(site, claims=None)  # startswith(None): a TypeError for every SPEC
+    with pytest.raises(ImplementationError, match=r"^--cbatch-impl 'x': the implementation kind 'echo' failed to "
+                                                  r"read it: TypeError: "):
+        resolve_impl("x")
+
+
+def test_a_name_the_import_system_cannot_look_up_is_no_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_spec(name: str) -> None:
+        raise ValueError(f"{name}.__spec__ is None")  # what find_spec says of a __main__ run as a script
+
+    monkeypatch.setattr("importlib.util.find_spec", no_spec)
+    with pytest.raises(ImplementationError, match=r"^--cbatch-impl 'lookup_fails': not an installed implementation"):
+        resolve_impl("lookup_fails")
 
 
 def test_cbatch_impls_lists_the_kinds_in_the_order_they_are_asked(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
