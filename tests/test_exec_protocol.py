@@ -165,6 +165,16 @@ def test_each_run_is_a_fresh_process_leading_its_own_session_in_the_kits_directo
         assert run["cwd"] == recorded["where"] and run["env"] == "token-from-the-kit"
 
 
+def test_the_deterministic_clause_starts_the_same_run_twice(tmp_path: Path) -> None:
+    (tmp_path / "report.json").write_text(json.dumps(simulate(demo_trace(), **BASE_CONFIG)))
+    script = tmp_path / "twice.sh"
+    script.write_text(f'cat > "{tmp_path}/$$.in"; cat {tmp_path}/report.json\n')
+    result = Judge(resolve_impl(f"exec:sh {script}")).judge("deterministic", demo_trace(), dict(BASE_CONFIG))
+    assert result.status == "pass", result
+    first, second = (path.read_bytes() for path in tmp_path.glob("*.in"))
+    assert first == second
+
+
 def test_stdout_is_one_json_document_with_whitespace_around_it(tmp_path: Path) -> None:
     expected = simulate(demo_trace(), **BASE_CONFIG)
     (tmp_path / "report.json").write_text(json.dumps(expected))
