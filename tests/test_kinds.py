@@ -172,6 +172,9 @@ def test_an_unknown_spec_lists_the_installed_names_and_every_form() -> None:
     ("sub/mine.py:nothing", "--cbatch-impl 'sub/mine.py:nothing': file 'sub/mine.py' has no attribute 'nothing'"),
     ("json:nothing", "--cbatch-impl 'json:nothing': module 'json' has no attribute 'nothing'"),
     ("exec:", "--cbatch-impl 'exec:': exec: needs a command, e.g. exec:'./my-scheduler --json'"),
+    ("http://", "--cbatch-impl 'http://': expected http://HOST:PORT[/v1]"),
+    ("http://h:1/v2", "--cbatch-impl 'http://h:1/v2': the path must be empty, /v1, /v1/completions or "
+                      "/v1/chat/completions, got '/v2'"),
     ("exec:'open", "--cbatch-impl \"exec:'open\": exec: cannot split the command \"'open\": No closing quotation"),
 ])
 def test_each_spec_form_fails_with_one_clear_line(tmp_path: Path, spec: str, message: str) -> None:
