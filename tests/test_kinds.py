@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cbatch.impls import KIND_GROUP, ImplementationError, PythonImplementation, available_kinds, resolve_impl
+from pytest_cbatch.impls import (KIND_GROUP, ImplementationError, PythonImplementation, available_impls, available_kinds,
+                                 resolve_impl)
 from pytest_cbatch.reference.scheduler_sim import demo_trace
 from pytest_cbatch.workloads import BASE_CONFIG
 
@@ -153,10 +154,11 @@ def _unknown_spec_error() -> str:
 
 
 def test_an_unknown_spec_lists_the_installed_names_and_every_form() -> None:
+    assert "reference" in available_impls()
     assert _unknown_spec_error() == (
         "--cbatch-impl 'no_such_implementation_anywhere': not an installed implementation, a file, a folder or an "
         "importable module.\n"
-        "  installed (pytest_cbatch.impls entry points): reference\n"
+        f"  installed (pytest_cbatch.impls entry points): {', '.join(sorted(available_impls()))}\n"
         "  or give one of: http://HOST:PORT | exec:COMMAND | path/to/file.py[:attr] | package.module[:attr] | "
         "path/to/folder/")
 
