@@ -62,9 +62,14 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     recorder.write_text(RECORDER)
     env = {**os.environ, "CBATCH_PROBE_DIR": str(probe), "CBATCH_PROBE_TOKEN": "token-from-the-kit"}
     done = subprocess.run([sys.executable, "-m", "pytest", f"{suite_dir() / 'test_contract.py'}::test_contract",
-                           f"--cbatch-impl=exec:sh {recorder}", "-p", "no:cacheprovider", "-q"], cwd=project, env=env,
+                           f"--cbatch-impl=exec:sh {recorder}", "-p", "no:cacheprovider", "-q",
+                           "-k", "completes or invalid_input_refused"],  # one test per run: each sends it
+                          cwd=project, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and " skipped" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    # Every test skips (the recorder supports nothing); whether such a run ends 0 is the plugin's matter.
+    assert " skipped" in summary and "failed" not in summary and "error" not in summary, \
+        done.stdout[-3000:] + done.stderr[-3000:]
     runs = {}
     for saved in probe.glob("*.in"):
         stem = saved.with_suffix("")
