@@ -445,11 +445,26 @@ def _clauses(argv: list[str]) -> int:
 
 
 def _impls(argv: list[str]) -> int:
-    from .impls import available_impls
+    from importlib.metadata import entry_points
 
-    argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.").parse_args(argv)
-    for name, target in sorted(available_impls().items()):
-        print(f"{name} = {target}")
+    from .impls import KIND_GROUP, ImplementationError, available_impls, available_kinds
+
+    parser = argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.")
+    parser.add_argument("--kinds", action="store_true",
+                        help=f"list the SPEC forms instead: the kinds registered in {KIND_GROUP}, in the order "
+                             f"they are asked")
+    if not parser.parse_args(argv).kinds:
+        for name, target in sorted(available_impls().items()):
+            print(f"{name} = {target}")
+        return 0
+    try:
+        kinds = available_kinds()
+    except ImplementationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    targets = {ep.name: ep.value for ep in entry_points(group=KIND_GROUP)}
+    for name, kind in kinds:
+        print(f"{kind.order:>4} {name} = {targets[name]}" + (f"  ({kind.form})" if kind.form else ""))
     return 0
 
 

@@ -331,8 +331,13 @@ def resolve_impl(spec: str, *, timeout: float = bounded.DEFAULT_SECONDS, rootdir
                           model, option)
     try:
         kinds = available_kinds()
-        for _, kind in kinds:
-            if kind.claims(request):
+        for name, kind in kinds:
+            try:
+                claimed = kind.claims(request)
+            except Exception as exc:  # a third party's kind that breaks on this SPEC: name it
+                raise ImplementationError(f"the implementation kind {name!r} failed to read it: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            if claimed:
                 return kind.build(request)
         raise ImplementationError(_unknown_spec_message(kinds))
     except ImplementationError as exc:
