@@ -106,13 +106,14 @@ def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, 
         check_feasible(ray, resources)
         remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(grade_remote)
         pending: dict[Any, str] = {}
+        kit = kit_version()
         for submission in submissions:
             try:
                 bundle = pack(submission)
             except (BundleError, OSError) as exc:
                 yield submission.name, exc
                 continue
-            pending[remote.remote(bundle, rubric, plan, sandbox, kit_version(), grade_one)] = submission.name
+            pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one)] = submission.name
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
             if not ready:
