@@ -22,6 +22,7 @@ from pytest_cbatch.grading.progress import Progress, duration
 from pytest_cbatch.grading.results import SubmissionResult
 from pytest_cbatch.grading.results import TestResult as Verdict
 from pytest_cbatch.grading.shards import RECORD, parse_shard, shard_of
+from pytest_cbatch.sandbox import LoadSpec
 
 CLASS_SIZE = 3   # correct and buggy folders, a one-file correct one (make_class's mix)
 # The scheduler part alone keeps this quick; the Ray test grades every part of a larger class.
@@ -122,9 +123,10 @@ def test_a_bundle_recreates_the_folder_links_kept_as_links(tmp_path: Path) -> No
     (sub,) = discover(tmp_path / "src")
     bundle = pack(sub)
     (tmp_path / "there").mkdir()
-    arrived = unpack(bundle, tmp_path / "there")
-    there = Path(arrived.path)
-    assert there == tmp_path / "there" / "alice" and arrived.load.files == sub.load.files
+    there = unpack(bundle, tmp_path / "there")
+    (arrived,) = discover(tmp_path / "there")
+    assert there == Path(arrived.path) == tmp_path / "there" / "alice"
+    assert arrived.load == LoadSpec(str(there), sub.load.files)
     assert (there / "pkg" / "util.py").read_text() == "X = 1\n" and (there / "empty").is_dir()
     assert not (there / "pkg" / "__pycache__").exists()
     assert os.readlink(there / "secret") == "/etc/passwd" and os.access(there / "run.sh", os.X_OK)

@@ -60,7 +60,7 @@ def test_a_worker_without_bubblewrap_is_refused_when_the_rubric_requires_it(solo
     try:
         with pytest.raises(WorkerRefused, match="cannot grade in the sandbox the run requires: sandbox = bwrap is "
                                                 "required, but bubblewrap"):
-            grade_remote(bundle, rubric, plan, "bwrap", kit_version(), _grade_one)
+            grade_remote(bundle, rubric, plan, "bwrap", kit_version(), _grade_one, discover)
     finally:
         bwrap_problem.cache_clear()
 
@@ -68,12 +68,12 @@ def test_a_worker_without_bubblewrap_is_refused_when_the_rubric_requires_it(solo
 def test_a_worker_with_another_kit_version_is_refused(solo) -> None:
     _sub, bundle, rubric, plan = solo
     with pytest.raises(WorkerRefused, match="has pytest-cbatch .*, the driver 0.0.0-other"):
-        grade_remote(bundle, rubric, plan, "process", "0.0.0-other", _grade_one)
+        grade_remote(bundle, rubric, plan, "process", "0.0.0-other", _grade_one, discover)
 
 
 def test_a_task_grades_the_bytes_it_was_sent_as_one_machine_does(solo, tmp_path: Path) -> None:
     sub, bundle, rubric, plan = solo
-    returned = grade_remote(bundle, rubric, plan, "process", kit_version(), _grade_one)
+    returned = grade_remote(bundle, rubric, plan, "process", kit_version(), _grade_one, discover)
     there = place(tmp_path / "remote" / sub.name, sub.name, returned)
     here = _grade_one(sub, rubric, plan, tmp_path / "local" / sub.name, "process")
     assert there.score == here.score == there.max_score > 0
@@ -91,7 +91,7 @@ def test_a_task_grades_the_bytes_it_was_sent_as_one_machine_does(solo, tmp_path:
 ])
 def test_what_a_task_returns_is_checked_before_it_is_written(solo, tmp_path, files, name, words) -> None:
     sub, bundle, rubric, plan = solo
-    returned = grade_remote(bundle, rubric, plan, "process", kit_version(), _grade_one)
+    returned = grade_remote(bundle, rubric, plan, "process", kit_version(), _grade_one, discover)
     if name:
         returned.result.name = name
     with pytest.raises(ValueError, match=words):
@@ -113,7 +113,7 @@ def test_each_task_asks_for_a_cpu_and_the_memory_the_limits_imply(solo) -> None:
             return self._nodes
 
     check_feasible(FakeRay({"CPU": 1.0, "memory": float(2 << 30)}), task_resources(rubric))
-    with pytest.raises(ValueError, match="each asks for 1 CPU and 1536 MiB .* the largest node with a CPU offers 1024 MiB"):
+    with pytest.raises(ValueError, match="1 CPU and 1536 MiB .* the largest node with a CPU offers 1024 MiB"):
         check_feasible(FakeRay({"CPU": 4.0, "memory": float(1 << 30)}, {"CPU": 0.0, "memory": float(8 << 30)}),
                        task_resources(rubric))
 

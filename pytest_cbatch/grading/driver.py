@@ -132,7 +132,7 @@ def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out
     if ray:
         from .ray_runner import grade_on_ray  # ray is imported only when asked for
 
-        events = grade_on_ray(submissions, rubric, plan, out, sandbox, ray, jobs, _grade_one)
+        events = grade_on_ray(submissions, rubric, plan, out, sandbox, ray, jobs, _grade_one, discover)
     else:
         events = _in_pool(submissions, rubric, plan, out, jobs, sandbox)
     results: list[SubmissionResult] = []

@@ -42,6 +42,7 @@ _MAX_RETURNED_FILES = 1000
 LOCAL_OBJECT_STORE = 256 << 20
 
 GradeOne = Callable[[Submission, Rubric, Plan, Path, str], SubmissionResult]
+Discover = Callable[[Path], list[Submission]]
 
 
 class WorkerRefused(RuntimeError):
@@ -68,9 +69,13 @@ def task_resources(rubric: Rubric) -> dict[str, Any]:
     return {"num_cpus": 1, "memory": (rubric.limits.memory_mb + GRADER_MEMORY_MB) << 20}
 
 
-def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: str,
-                 grade_one: GradeOne) -> Returned:
-    """The task, on the worker: refuse if this worker cannot grade as required, else grade the unpacked bundle."""
+def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: str, grade_one: GradeOne,
+                 discover: Discover) -> Returned:
+    """The task, on the worker: refuse if this worker cannot grade as required, else grade the unpacked bundle.
+
+    ``discover`` and ``grade_one`` are the driver's own, so the unpacked copy
+    is found and graded exactly as the original is on one machine.
+    """
     node = socket.gethostname()
     here = kit_version()
     if here != kit:
@@ -82,7 +87,11 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
         raise WorkerRefused(f"the worker on {node} cannot grade in the sandbox the run requires: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="cbatch-ray-") as tmp:
         (Path(tmp) / "in").mkdir()
-        submission = unpack(bundle, Path(tmp) / "in")
+        unpack(bundle, Path(tmp) / "in")
+        found = discover(Path(tmp) / "in")
+        if [s.name for s in found] != [bundle.name]:
+            raise BundleError(f"bundle {bundle.name}: unpacked, it is found as {[s.name for s in found]}")
+        submission = found[0]
         out_dir = Path(tmp) / "out" / submission.name
         result = grade_one(submission, rubric, plan, out_dir, mode)
         files = tuple((p.name, p.read_bytes()) for p in sorted(out_dir.iterdir()) if p.is_file())
@@ -90,7 +99,7 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
 
 
 def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
-                 address: str, jobs: int, grade_one: GradeOne,
+                 address: str, jobs: int, grade_one: GradeOne, discover: Discover,
                  ) -> Iterator[tuple[str, SubmissionResult | Exception] | int]:
     """Grade on the cluster at ``address`` (``auto``: a local one of ``jobs`` CPUs); yields as ``driver`` expects.
 
@@ -113,7 +122,7 @@ def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, 
             except (BundleError, OSError) as exc:
                 yield submission.name, exc
                 continue
-            pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one)] = submission.name
+            pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one, discover)] = submission.name
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
             if not ready:
