@@ -51,11 +51,10 @@ class WorkerRefused(RuntimeError):
 
 @dataclass(frozen=True)
 class Returned:
-    """What a task sends back: the result, the files written beside results.json, and the node that graded it."""
+    """What a task sends back: the result and the files written beside results.json (results.json among them)."""
 
     result: SubmissionResult
     files: tuple[tuple[str, bytes], ...]
-    node: str
 
 
 def task_resources(rubric: Rubric) -> dict[str, Any]:
@@ -95,7 +94,7 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
         out_dir = Path(tmp) / "out" / submission.name
         result = grade_one(submission, rubric, plan, out_dir, mode)
         files = tuple((p.name, p.read_bytes()) for p in sorted(out_dir.iterdir()) if p.is_file())
-    return Returned(result, files, node)
+    return Returned(result, files)
 
 
 def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
