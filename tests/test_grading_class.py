@@ -190,7 +190,7 @@ def test_progress_says_what_it_grades_at_once_then_rate_and_time_left() -> None:
     progress.started()
     assert stream.getvalue() == "grading 4 submissions in 2 worker processes\n"
     clock.now += 45
-    progress.waiting(2)
+    progress.waiting()
     clock.now += 15
     progress.finished(_result("alice", 4))
     clock.now += 60
@@ -199,7 +199,7 @@ def test_progress_says_what_it_grades_at_once_then_rate_and_time_left() -> None:
     progress.finished(_result("carol", 4))
     progress.finished(_result("dave", 4))
     assert stream.getvalue().splitlines()[1:] == [
-        "... 0/4 done, 2 being graded | 45 s elapsed, time left known after the first submission",
+        "... 0/4 done, still grading | 45 s elapsed, time left known after the first submission",
         "[######..................] 1/4 alice: 4/4 (12.3 s) | 1.0/min, 1 min 00 s elapsed, about 3 min 00 s left",
         "[############............] 2/4 bob: 0/4 (12.3 s) | 1.0/min, 2 min 00 s elapsed, about 2 min 00 s left",
         "[##################......] 3/4 carol: 4/4 (12.3 s) | 0.0/min, 3 h 02 min elapsed, about 1 h 00 min left",

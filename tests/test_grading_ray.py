@@ -75,7 +75,7 @@ def test_a_refused_submission_gets_a_results_json_that_says_why(solo, tmp_path, 
     why = "the worker on node-7 cannot grade in the sandbox the run requires: sandbox = bwrap is required"
 
     def refusing(submissions, *_args):
-        yield 2  # a heartbeat: two tasks still out
+        yield None  # a heartbeat: nothing finished lately
         for submission in submissions:
             yield submission.name, WorkerRefused(why)
 

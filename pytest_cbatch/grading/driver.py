@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from .bundle import BundleError, pack
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .plan import Plan, build_plan
 from .progress import HEARTBEAT_SECONDS, Progress
@@ -137,8 +138,8 @@ def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out
         events = _in_pool(submissions, rubric, plan, out, jobs, sandbox)
     results: list[SubmissionResult] = []
     for event in events:
-        if isinstance(event, int):
-            tracker.waiting(event)
+        if event is None:
+            tracker.waiting()
             continue
         name, outcome = event
         if isinstance(outcome, Exception):
@@ -151,14 +152,14 @@ def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out
 
 
 def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | int]:
+             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
     """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats)."""
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         pending = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s.name for s in submissions}
         while pending:
             done, _ = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
             if not done:
-                yield min(len(pending), max(1, jobs))
+                yield None
             for future in done:
                 name = pending.pop(future)
                 try:
@@ -177,8 +178,6 @@ def _write_result(out_dir: Path, result: SubmissionResult) -> None:
 def run_record(found: Sequence[Submission], graded: Sequence[Submission], rubric: Rubric, plan: Plan,
                shard: tuple[int, int] | None) -> RunRecord:
     """``grading.json`` of a run: what ``cbatch grade merge`` checks (see ``shards``)."""
-    from .bundle import BundleError, pack
-
     digests: dict[str, str] = {}
     for sub in found:
         try:

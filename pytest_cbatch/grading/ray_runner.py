@@ -99,13 +99,12 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
 
 def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
                  address: str, jobs: int, grade_one: GradeOne, discover: Discover,
-                 ) -> Iterator[tuple[str, SubmissionResult | Exception] | int]:
+                 ) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
     """Grade on the cluster at ``address`` (``auto``: a local one of ``jobs`` CPUs); yields as ``driver`` expects.
 
     Yields ``(name, result)`` once per submission as its task finishes (its
     files already written under ``out/name``), ``(name, exception)`` when it
-    could not be graded, and the number of tasks still out when none finished
-    for ``HEARTBEAT_SECONDS``.  ValueError when no node can run a task.
+    could not be graded, and None when none finished for ``HEARTBEAT_SECONDS``.  ValueError when no node can run a task.
     """
     ray = import_ray()
     connect(ray, address, jobs)
@@ -125,7 +124,7 @@ def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, 
         while pending:
             ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
             if not ready:
-                yield len(pending)
+                yield None
                 continue
             for ref in ready:
                 name = pending.pop(ref)
