@@ -207,6 +207,21 @@ def test_progress_says_what_it_grades_at_once_then_rate_and_time_left() -> None:
     ]
 
 
+def test_the_first_progress_line_comes_before_the_workloads_are_drawn(tmp_path: Path, monkeypatch, capsys) -> None:
+    import pytest_cbatch.grading.driver as driver
+
+    make_class(tmp_path / "subs", 3)
+    seen_first: list[str] = []
+
+    def no_plan(*_args):
+        seen_first.append(capsys.readouterr().err)
+        raise ValueError("stop here: the plan is what takes seconds")
+
+    monkeypatch.setattr(driver, "build_plan", no_plan)
+    assert grade_main([str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--shard", "2/3", "--jobs", "2"]) == 2
+    assert seen_first and seen_first[0].endswith("grading 2 submissions in 2 worker processes\n")
+
+
 def test_progress_can_be_silenced_and_durations_read_naturally() -> None:
     stream = io.StringIO()
     quiet = Progress(1, "here", stream=stream, enabled=False)
