@@ -16,9 +16,11 @@ once, when its task finishes, so none is lost or reported twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,37 +106,45 @@ def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, 
 
     Yields ``(name, result)`` once per submission as its task finishes (its
     files already written under ``out/name``), ``(name, exception)`` when it
-    could not be graded, and None when none finished for ``HEARTBEAT_SECONDS``.  ValueError when no node can run a task.
+    could not be graded, and None when none finished for ``HEARTBEAT_SECONDS``.
+    ValueError when no node can run a task.  Ray's own messages go to stderr.
     """
     ray = import_ray()
-    connect(ray, address, jobs)
-    try:
-        resources = task_resources(rubric)
-        check_feasible(ray, resources)
-        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(grade_remote)
-        pending: dict[Any, str] = {}
-        kit = kit_version()
-        for submission in submissions:
+    with contextlib.redirect_stdout(sys.stderr):  # Ray prints what it sees go wrong ("a worker died") on stdout
+        connect(ray, address, jobs)
+        try:
+            yield from _graded(ray, submissions, rubric, plan, out, sandbox, grade_one, discover)
+        finally:
+            ray.shutdown()
+
+
+def _graded(ray: Any, submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
+            grade_one: GradeOne, discover: Discover) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
+    """``grade_on_ray``'s work, once connected."""
+    resources = task_resources(rubric)
+    check_feasible(ray, resources)
+    remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(grade_remote)
+    pending: dict[Any, str] = {}
+    kit = kit_version()
+    for submission in submissions:
+        try:
+            bundle = pack(submission)
+        except (BundleError, OSError) as exc:
+            yield submission.name, exc
+            continue
+        pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one, discover)] = submission.name
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
+        if not ready:
+            yield None
+            continue
+        for ref in ready:
+            name = pending.pop(ref)
             try:
-                bundle = pack(submission)
-            except (BundleError, OSError) as exc:
-                yield submission.name, exc
-                continue
-            pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one, discover)] = submission.name
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
-            if not ready:
-                yield None
-                continue
-            for ref in ready:
-                name = pending.pop(ref)
-                try:
-                    returned = ray.get(ref)
-                    yield name, place(out / name, name, returned)
-                except Exception as exc:  # the task's own error (a refusal), or lost more than MAX_RETRIES times
-                    yield name, _cause(exc)
-    finally:
-        ray.shutdown()
+                returned = ray.get(ref)
+                yield name, place(out / name, name, returned)
+            except Exception as exc:  # the task's own error (a refusal), or lost more than MAX_RETRIES times
+                yield name, _cause(exc)
 
 
 def import_ray() -> Any:
