@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import _signal  # getsignal without the enum conversion of signal.getsignal: this runs on every call
 import faulthandler
+import math
 import os
 import signal
 import sys
@@ -62,7 +63,7 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Iterable, TypeVar
 
 __all__ = ["Bounds", "CallStopped", "CallTimedOut", "DEFAULT_MEMORY_MIB", "DEFAULT_SECONDS", "bounded_machine", "call",
-           "configure_last_resort", "crash_traceback", "implementation_frames", "last_stop", "span"]
+           "configure_last_resort", "crash_traceback", "implementation_frames", "last_stop", "parse_limit", "span"]
 
 DEFAULT_SECONDS = 60.0
 """Default time limit of one call (one ``simulate`` run, one lifecycle example)."""
@@ -78,6 +79,22 @@ EXIT_STATUS = 70
 
 _T = TypeVar("_T")
 _KIT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def parse_limit(value: Any, option: str, unit: str) -> float:
+    """A limit the user typed (``--timeout``, ``cbatch_memory``, ...) as seconds or MiB; 0 means no limit.
+
+    ValueError, naming ``option``, for anything but a finite number >= 0: ``nan`` compares false with
+    every bound and ``inf`` never fires, so either would silently turn the limit off, as would a
+    negative one; "no limit" is said with 0 only.
+    """
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{option} must be 0 (no limit) or a positive, finite number of {unit}, got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)

@@ -71,8 +71,13 @@ class Bundle:
 
 
 def pack(submission: Submission) -> Bundle:
-    """Read ``submission`` (as ``discover`` found it) into a bundle; BundleError when it exceeds the bounds."""
+    """Read ``submission`` (as ``discover`` found it) into a bundle; BundleError when it exceeds the bounds.
+
+    A submission that is itself a symbolic link is never read: BundleError (``discover`` refuses it anyway).
+    """
     path = Path(submission.path)
+    if path.is_symlink():
+        raise BundleError(f"submission {submission.name} is a symbolic link, which is never followed")
     if path.is_file():
         return Bundle(submission.name, True, (_file_entry(path, path.name),))
     entries: list[Entry] = []

@@ -6,7 +6,8 @@
     cbatch grade --gradescope [--rubric rubric.toml] [--traces DIR] [--sandbox MODE]
 
 A submission is each ``.py`` file of SUBMISSIONS_DIR, or each folder holding
-``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file; its
+``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file, or a
+manifest ``cbatch.toml`` naming a program in any language (``manifest``); its
 name is the file stem or folder name.  Each gets ``OUT/<name>/results.json``
 (Gradescope format, validated against schemas/gradescope-results.schema.json
 before it is written) and a row of ``OUT/summary.csv``.  ``OUT/<name>/`` is
@@ -37,8 +38,10 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from ..sandbox.files import link_refusal
 from .bundle import BundleError, pack
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
+from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
 from .progress import HEARTBEAT_SECONDS, Progress
 from .results import SubmissionResult, TestResult, write_json, write_summary
@@ -52,15 +55,24 @@ GRADESCOPE_ROOT = "/autograder"
 
 
 def discover(folder: Path) -> list[Submission]:
-    """The submissions in ``folder``, sorted by name; ValueError when two share a name."""
+    """The submissions in ``folder``, sorted by name; ValueError when two share a name.
+
+    A submission that is a symbolic link (a ``.py`` file or a folder), or a
+    folder whose only modules are links, is listed refused (``Submission.refused``):
+    it is graded 0, saying why, and nothing is read through the link.
+    """
     found: dict[str, Submission] = {}
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_file() and entry.suffix == ".py":
+        if entry.is_symlink():
+            if entry.suffix not in (".py", ""):
+                continue
+            sub = Submission(entry.stem, str(entry), LoadSpec(str(entry)), refused=link_refusal(entry.name))
+        elif entry.is_file() and entry.suffix == ".py":
             sub = Submission(entry.stem, str(entry), _single_file(entry))
-        elif entry.is_dir() and submission_files(str(entry)):
-            sub = Submission(entry.name, str(entry), LoadSpec(str(entry), submission_files(str(entry))))
+        elif entry.is_dir() and (held := folder_submission(entry, entry.name)) is not None:
+            sub = held
         else:
             continue
         if sub.name in found:
@@ -69,18 +81,42 @@ def discover(folder: Path) -> list[Submission]:
     return list(found.values())
 
 
+def folder_submission(folder: Path, name: str) -> Submission | None:
+    """The submission a folder holds: a program named by its manifest (``cbatch.toml``; a broken one is a
+    submission whose results say what is wrong), else its Python files (refused when they are all links);
+    None when it holds neither."""
+    if os.path.lexists(folder / MANIFEST):
+        try:
+            return Submission(name, str(folder), LoadSpec(str(folder), command=read_manifest(folder)))
+        except ManifestError as exc:
+            return Submission(name, str(folder), LoadSpec(str(folder)), problem=str(exc))
+    files = submission_files(str(folder))
+    if files:
+        return Submission(name, str(folder), LoadSpec(str(folder), files))
+    linked = _linked_modules(folder)
+    return Submission(name, str(folder), LoadSpec(str(folder)), refused=link_refusal(", ".join(linked))) \
+        if linked else None
+
+
+def _linked_modules(folder: Path) -> list[str]:
+    """The ``.py`` entries of ``folder`` that are symbolic links (a folder of nothing else is refused)."""
+    return sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_symlink())
+
+
 def _single_file(path: Path) -> LoadSpec:
     """A one-file submission is copied alone, so it cannot read the other students' files beside it."""
     return LoadSpec(str(path), (path.name,))
 
 
 def gradescope_submission(root: Path) -> Submission:
-    """The single submission Gradescope unpacks in ``root/submission``."""
+    """The single submission Gradescope unpacks in ``root/submission`` (refused when it is a link)."""
     folder = root / "submission"
-    files = submission_files(str(folder)) if folder.is_dir() else ()
-    if not files:
-        raise ValueError(f"{folder}: no .py file to grade")
-    return Submission("submission", str(folder), LoadSpec(str(folder), files))
+    if folder.is_symlink():
+        return Submission("submission", str(folder), LoadSpec(str(folder)), refused=link_refusal(folder.name))
+    found = folder_submission(folder, "submission") if folder.is_dir() else None
+    if found is None:
+        raise ValueError(f"{folder}: no .py file or {MANIFEST} to grade")
+    return found
 
 
 def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path, sandbox: str) -> SubmissionResult:

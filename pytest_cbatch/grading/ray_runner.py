@@ -127,6 +127,9 @@ def _graded(ray: Any, submissions: Sequence[Submission], rubric: Rubric, plan: P
     pending: dict[Any, str] = {}
     kit = kit_version()
     for submission in submissions:
+        if submission.refused is not None:  # graded 0 without running or reading it: no bytes need travel
+            yield submission.name, grade_one(submission, rubric, plan, out / submission.name, sandbox)
+            continue
         try:
             bundle = pack(submission)
         except (BundleError, OSError) as exc:

@@ -200,7 +200,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         """End the search if ``exc`` says the call ``code`` did not return in time (``StoppedViolation``)."""
         if isinstance(exc, CallTimedOut):
             self.failed = True
-            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}",
+            stack = getattr(exc, "stack", "")  # a sandbox child's stack shortly before the limit, if it sent one
+            where = ("\n  its stack when it was stopped (most recent call last):\n"
+                     + "\n".join("  " + line for line in stack.rstrip().splitlines())) if stack else ""
+            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}{where}",
                                                        "\n".join([*self.script, code])))
             self.stops.append(stop)  # should Hypothesis report its own error for the example this cuts short
             raise stop
