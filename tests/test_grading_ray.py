@@ -155,7 +155,8 @@ def test_ray_is_imported_only_when_asked_for() -> None:
 
 @pytest.fixture(scope="module")
 def on_three_ways(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
-    """The class of make_class's whole mix graded on one machine, in three shards merged, and on a Ray cluster."""
+    """make_class's whole mix, a submission that is a link and a folder holding one, graded on one machine, in
+    three shards merged, and on a Ray cluster."""
     if not request.config.getoption("--run-slow"):
         pytest.skip("a Ray cluster of two nodes takes about a minute: run with --run-slow (.ci/run does)")
     pytest.importorskip("ray", reason="ray is not installed: pip install 'pytest-cbatch[ray]'")
@@ -164,6 +165,9 @@ def on_three_ways(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
         pytest.skip(f"Ray tests run in a network namespace of loopback only, and {problem}")
     root = tmp_path_factory.mktemp("ray-class")
     make_class(root / "subs", len(MIX))
+    (root / "subs" / "linked.py").symlink_to(root / "subs" / "s002_file_correct.py")  # refused, never read
+    shutil.copytree(root / "subs" / "s000_correct", root / "subs" / "with_a_link")
+    (root / "subs" / "with_a_link" / "notes.txt").symlink_to("/etc/hostname")  # left out of the copy, and said so
     rubric = write_rubric(root)
     common = [str(root / "subs"), "--rubric", str(rubric)]
     assert grade_main([*common, "--out", str(root / "one"), "--jobs", "2", "--quiet"]) == 0
