@@ -4,17 +4,13 @@ of an output (every results.json and summary.csv row, timing fields aside) to co
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any
 
-from grading_samples import EXAMPLE_DIR
+from grading_samples import load_example
 
-_spec = importlib.util.spec_from_file_location("cbatch_grading_make_class", EXAMPLE_DIR / "make_class.py")
-assert _spec is not None and _spec.loader is not None
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
+_module = load_example("make_class.py")
 
 make_class = _module.make_class
 MIX = _module.MIX

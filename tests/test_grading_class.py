@@ -22,6 +22,7 @@ from pytest_cbatch.grading.progress import Progress, duration
 from pytest_cbatch.grading.results import SubmissionResult
 from pytest_cbatch.grading.results import TestResult as Verdict
 from pytest_cbatch.grading.shards import RECORD, parse_shard, shard_of
+from pytest_cbatch.sandbox import LoadSpec
 
 CLASS_SIZE = 3   # correct and buggy folders, a one-file correct one (make_class's mix)
 # The scheduler part alone keeps this quick; the Ray test grades every part of a larger class.
@@ -122,9 +123,10 @@ def test_a_bundle_recreates_the_folder_links_kept_as_links(tmp_path: Path) -> No
     (sub,) = discover(tmp_path / "src")
     bundle = pack(sub)
     (tmp_path / "there").mkdir()
-    arrived = unpack(bundle, tmp_path / "there")
-    there = Path(arrived.path)
-    assert there == tmp_path / "there" / "alice" and arrived.load.files == sub.load.files
+    there = unpack(bundle, tmp_path / "there")
+    (arrived,) = discover(tmp_path / "there")
+    assert there == Path(arrived.path) == tmp_path / "there" / "alice"
+    assert arrived.load == LoadSpec(str(there), sub.load.files)
     assert (there / "pkg" / "util.py").read_text() == "X = 1\n" and (there / "empty").is_dir()
     assert not (there / "pkg" / "__pycache__").exists()
     assert os.readlink(there / "secret") == "/etc/passwd" and os.access(there / "run.sh", os.X_OK)
@@ -188,7 +190,7 @@ def test_progress_says_what_it_grades_at_once_then_rate_and_time_left() -> None:
     progress.started()
     assert stream.getvalue() == "grading 4 submissions in 2 worker processes\n"
     clock.now += 45
-    progress.waiting(2)
+    progress.waiting()
     clock.now += 15
     progress.finished(_result("alice", 4))
     clock.now += 60
@@ -197,12 +199,27 @@ def test_progress_says_what_it_grades_at_once_then_rate_and_time_left() -> None:
     progress.finished(_result("carol", 4))
     progress.finished(_result("dave", 4))
     assert stream.getvalue().splitlines()[1:] == [
-        "... 0/4 done, 2 being graded | 45 s elapsed, time left known after the first submission",
+        "... 0/4 done, still grading | 45 s elapsed, time left known after the first submission",
         "[######..................] 1/4 alice: 4/4 (12.3 s) | 1.0/min, 1 min 00 s elapsed, about 3 min 00 s left",
         "[############............] 2/4 bob: 0/4 (12.3 s) | 1.0/min, 2 min 00 s elapsed, about 2 min 00 s left",
         "[##################......] 3/4 carol: 4/4 (12.3 s) | 0.0/min, 3 h 02 min elapsed, about 1 h 00 min left",
         "[########################] 4/4 dave: 4/4 (12.3 s) | 0.0/min, 3 h 02 min elapsed, done",
     ]
+
+
+def test_the_first_progress_line_comes_before_the_workloads_are_drawn(tmp_path: Path, monkeypatch, capsys) -> None:
+    import pytest_cbatch.grading.driver as driver
+
+    make_class(tmp_path / "subs", 3)
+    seen_first: list[str] = []
+
+    def no_plan(*_args):
+        seen_first.append(capsys.readouterr().err)
+        raise ValueError("stop here: the plan is what takes seconds")
+
+    monkeypatch.setattr(driver, "build_plan", no_plan)
+    assert grade_main([str(tmp_path / "subs"), "--out", str(tmp_path / "out"), "--shard", "2/3", "--jobs", "2"]) == 2
+    assert seen_first and seen_first[0].endswith("grading 2 submissions in 2 worker processes\n")
 
 
 def test_progress_can_be_silenced_and_durations_read_naturally() -> None:

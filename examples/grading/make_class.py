@@ -19,7 +19,8 @@ import pytest_cbatch.reference as reference
 
 __all__ = ["MIX", "make_class"]
 
-_spec = importlib.util.spec_from_file_location("cbatch_grading_make_samples", Path(__file__).with_name("make_samples.py"))
+_spec = importlib.util.spec_from_file_location("cbatch_grading_make_samples",
+                                               Path(__file__).with_name("make_samples.py"))
 assert _spec is not None and _spec.loader is not None
 _samples = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_samples)

@@ -4,7 +4,8 @@
 (the folder's regular files, empty folders and links, links kept as links and
 never followed; what the sandbox never copies, such as ``__pycache__`` and
 ``.git``, left out).  ``unpack(bundle, root)`` recreates it under ``root`` on
-the receiving machine and returns the ``Submission`` to grade there.  The
+the receiving machine, where ``discover(root)`` finds it as it found the
+original.  The
 receiving side treats a bundle as untrusted input: every path must be a plain
 relative path inside ``root``, nothing may lie beneath a link, names and kinds
 are checked, and counts and sizes are bounded, so a crafted bundle cannot write
@@ -21,7 +22,6 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..sandbox import LoadSpec, submission_files
 from .evaluate import Submission
 
 __all__ = ["Bundle", "BundleError", "Entry", "MAX_BUNDLE_BYTES", "pack", "plain_name", "unpack"]
@@ -71,8 +71,13 @@ class Bundle:
 
 
 def pack(submission: Submission) -> Bundle:
-    """Read ``submission`` (as ``discover`` found it) into a bundle; BundleError when it exceeds the bounds."""
+    """Read ``submission`` (as ``discover`` found it) into a bundle; BundleError when it exceeds the bounds.
+
+    A submission that is itself a symbolic link is never read: BundleError (``discover`` refuses it anyway).
+    """
     path = Path(submission.path)
+    if path.is_symlink():
+        raise BundleError(f"submission {submission.name} is a symbolic link, which is never followed")
     if path.is_file():
         return Bundle(submission.name, True, (_file_entry(path, path.name),))
     entries: list[Entry] = []
@@ -111,8 +116,8 @@ def _skipped(name: str) -> bool:
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in _SKIPPED)
 
 
-def unpack(bundle: object, root: Path) -> Submission:
-    """Recreate ``bundle`` under the empty folder ``root``; the submission to grade there.
+def unpack(bundle: object, root: Path) -> Path:
+    """Recreate ``bundle`` under the empty folder ``root``; the path of the file or folder made.
 
     Everything is checked before anything is written: BundleError names the
     first entry refused.  Files are created exclusively and without following
@@ -120,9 +125,8 @@ def unpack(bundle: object, root: Path) -> Submission:
     """
     checked = _checked(bundle)
     if checked.single_file:
-        entry = checked.entries[0]
-        _write(root / entry.path, entry)
-        return Submission(checked.name, str(root / entry.path), LoadSpec(str(root / entry.path), (entry.path,)))
+        _write(root / checked.entries[0].path, checked.entries[0])
+        return root / checked.entries[0].path
     base = root / checked.name
     base.mkdir()
     for entry in checked.entries:
@@ -136,7 +140,7 @@ def unpack(bundle: object, root: Path) -> Submission:
         if entry.kind == "link":
             (base / entry.path).parent.mkdir(parents=True, exist_ok=True)
             os.symlink(entry.target, base / entry.path)
-    return Submission(checked.name, str(base), LoadSpec(str(base), submission_files(str(base))))
+    return base
 
 
 def _write(path: Path, entry: Entry) -> None:

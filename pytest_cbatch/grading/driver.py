@@ -39,6 +39,7 @@ from typing import Iterator, Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
 from ..sandbox.files import link_refusal
+from .bundle import BundleError, pack
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
@@ -153,28 +154,28 @@ def _schema_issues(document: dict) -> list[str]:
 
 
 def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-              progress: bool = True, sandbox: str = "auto", ray: str | None = None) -> list[SubmissionResult]:
+              progress: bool | Progress = True, sandbox: str = "auto",
+              ray: str | None = None) -> list[SubmissionResult]:
     """Grade ``submissions`` in ``jobs`` worker processes, or on the Ray cluster ``ray``; write results and summary.
 
     ``sandbox``: the mode, best resolved once beforehand (``sandbox_mode``) so
     workers do not each warn; with ``ray``, the requested mode, which each
     worker resolves for itself.  Every submission gets its results.json, once.
+    ``progress``: a ``Progress`` already started (``main`` starts it before the
+    plan is drawn), or whether to print one.
     """
     out.mkdir(parents=True, exist_ok=True)
-    where = (f"in {max(1, jobs)} worker process{'es' if jobs > 1 else ''}" if not ray
-             else f"on a local Ray cluster of {max(1, jobs)} CPUs" if ray == "auto" else f"on the Ray cluster at {ray}")
-    tracker = Progress(len(submissions), where, enabled=progress)
-    tracker.started()
+    tracker = progress if isinstance(progress, Progress) else _progress(len(submissions), jobs, ray, progress)
     if ray:
         from .ray_runner import grade_on_ray  # ray is imported only when asked for
 
-        events = grade_on_ray(submissions, rubric, plan, out, sandbox, ray, jobs, _grade_one)
+        events = grade_on_ray(submissions, rubric, plan, out, sandbox, ray, jobs, _grade_one, discover)
     else:
         events = _in_pool(submissions, rubric, plan, out, jobs, sandbox)
     results: list[SubmissionResult] = []
     for event in events:
-        if isinstance(event, int):
-            tracker.waiting(event)
+        if event is None:
+            tracker.waiting()
             continue
         name, outcome = event
         if isinstance(outcome, Exception):
@@ -186,15 +187,24 @@ def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out
     return results
 
 
+def _progress(total: int, jobs: int, ray: str | None, enabled: bool) -> Progress:
+    """A started ``Progress``: its first line says how many submissions are graded, and where."""
+    where = (f"in {max(1, jobs)} worker process{'es' if jobs > 1 else ''}" if not ray
+             else f"on a local Ray cluster of {max(1, jobs)} CPUs" if ray == "auto" else f"on the Ray cluster at {ray}")
+    tracker = Progress(total, where, enabled=enabled)
+    tracker.started()
+    return tracker
+
+
 def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | int]:
+             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
     """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats)."""
     with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
         pending = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s.name for s in submissions}
         while pending:
             done, _ = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
             if not done:
-                yield min(len(pending), max(1, jobs))
+                yield None
             for future in done:
                 name = pending.pop(future)
                 try:
@@ -213,8 +223,6 @@ def _write_result(out_dir: Path, result: SubmissionResult) -> None:
 def run_record(found: Sequence[Submission], graded: Sequence[Submission], rubric: Rubric, plan: Plan,
                shard: tuple[int, int] | None) -> RunRecord:
     """``grading.json`` of a run: what ``cbatch grade merge`` checks (see ``shards``)."""
-    from .bundle import BundleError, pack
-
     digests: dict[str, str] = {}
     for sub in found:
         try:
@@ -289,7 +297,6 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     try:
         rubric = load_rubric(args.rubric)
-        plan = build_plan(rubric, args.traces)
         if args.gradescope:
             root = Path(args.gradescope_root)
             submissions, out = [gradescope_submission(root)], root / "results"
@@ -307,6 +314,12 @@ def main(argv: Sequence[str]) -> int:
             raise ValueError("--shard and --ray grade a folder, not --gradescope")
         # On Ray each worker resolves the mode for itself (and refuses a required bwrap it lacks).
         sandbox = requested_mode(args.sandbox, rubric) if args.ray else sandbox_mode(args.sandbox, rubric)
+        found = submissions
+        if shard:
+            submissions = [s for s in found if shard_of(s.name, shard[1]) == shard[0]]
+        # The first progress line comes before the plan is drawn, which takes seconds under the default rubric.
+        tracker = _progress(len(submissions), args.jobs, args.ray, not (args.quiet or args.gradescope))
+        plan = build_plan(rubric, args.traces)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -315,13 +328,9 @@ def main(argv: Sequence[str]) -> int:
         shutil.move(str(out / "_grading" / "results.json"), out / "results.json")
         print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")
         return 1 if result.extra.get("grader_error") else 0
-    found = submissions
-    if shard:
-        submissions = [s for s in found if shard_of(s.name, shard[1]) == shard[0]]
     record = run_record(found, submissions, rubric, plan, shard)
     try:
-        results = grade_all(submissions, rubric, plan, out, args.jobs, progress=not args.quiet, sandbox=sandbox,
-                            ray=args.ray)
+        results = grade_all(submissions, rubric, plan, out, args.jobs, progress=tracker, sandbox=sandbox, ray=args.ray)
     except (OSError, ValueError) as exc:  # no cluster there, none can run a task, or no ray: nothing was graded
         print(f"error: {exc}", file=sys.stderr)
         return 2

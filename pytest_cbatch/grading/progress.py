@@ -58,9 +58,9 @@ class Progress:
         self._print(f"[{bar}] {self.done}/{self.total} {result.name}: {result.score:g}/{result.max_score:g} "
                     f"({result.execution_time:.1f} s) | {self._pace()}")
 
-    def waiting(self, running: int) -> None:
+    def waiting(self) -> None:
         """Nothing finished lately: say the run is alive and how far it is."""
-        self._print(f"... {self.done}/{self.total} done, {running} being graded | {self._pace()}")
+        self._print(f"... {self.done}/{self.total} done, still grading | {self._pace()}")
 
     def _pace(self) -> str:
         elapsed = self._clock() - self._start

@@ -16,9 +16,11 @@ once, when its task finishes, so none is lost or reported twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +44,7 @@ _MAX_RETURNED_FILES = 1000
 LOCAL_OBJECT_STORE = 256 << 20
 
 GradeOne = Callable[[Submission, Rubric, Plan, Path, str], SubmissionResult]
+Discover = Callable[[Path], list[Submission]]
 
 
 class WorkerRefused(RuntimeError):
@@ -50,11 +53,10 @@ class WorkerRefused(RuntimeError):
 
 @dataclass(frozen=True)
 class Returned:
-    """What a task sends back: the result, the files written beside results.json, and the node that graded it."""
+    """What a task sends back: the result and the files written beside results.json (results.json among them)."""
 
     result: SubmissionResult
     files: tuple[tuple[str, bytes], ...]
-    node: str
 
 
 def task_resources(rubric: Rubric) -> dict[str, Any]:
@@ -68,9 +70,13 @@ def task_resources(rubric: Rubric) -> dict[str, Any]:
     return {"num_cpus": 1, "memory": (rubric.limits.memory_mb + GRADER_MEMORY_MB) << 20}
 
 
-def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: str,
-                 grade_one: GradeOne) -> Returned:
-    """The task, on the worker: refuse if this worker cannot grade as required, else grade the unpacked bundle."""
+def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: str, grade_one: GradeOne,
+                 discover: Discover) -> Returned:
+    """The task, on the worker: refuse if this worker cannot grade as required, else grade the unpacked bundle.
+
+    ``discover`` and ``grade_one`` are the driver's own, so the unpacked copy
+    is found and graded exactly as the original is on one machine.
+    """
     node = socket.gethostname()
     here = kit_version()
     if here != kit:
@@ -82,51 +88,66 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
         raise WorkerRefused(f"the worker on {node} cannot grade in the sandbox the run requires: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="cbatch-ray-") as tmp:
         (Path(tmp) / "in").mkdir()
-        submission = unpack(bundle, Path(tmp) / "in")
+        unpack(bundle, Path(tmp) / "in")
+        found = discover(Path(tmp) / "in")
+        if [s.name for s in found] != [bundle.name]:
+            raise BundleError(f"bundle {bundle.name}: unpacked, it is found as {[s.name for s in found]}")
+        submission = found[0]
         out_dir = Path(tmp) / "out" / submission.name
         result = grade_one(submission, rubric, plan, out_dir, mode)
         files = tuple((p.name, p.read_bytes()) for p in sorted(out_dir.iterdir()) if p.is_file())
-    return Returned(result, files, node)
+    return Returned(result, files)
 
 
 def grade_on_ray(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
-                 address: str, jobs: int, grade_one: GradeOne,
-                 ) -> Iterator[tuple[str, SubmissionResult | Exception] | int]:
+                 address: str, jobs: int, grade_one: GradeOne, discover: Discover,
+                 ) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
     """Grade on the cluster at ``address`` (``auto``: a local one of ``jobs`` CPUs); yields as ``driver`` expects.
 
     Yields ``(name, result)`` once per submission as its task finishes (its
     files already written under ``out/name``), ``(name, exception)`` when it
-    could not be graded, and the number of tasks still out when none finished
-    for ``HEARTBEAT_SECONDS``.  ValueError when no node can run a task.
+    could not be graded, and None when none finished for ``HEARTBEAT_SECONDS``.
+    ValueError when no node can run a task.  Ray's own messages go to stderr.
     """
     ray = import_ray()
-    connect(ray, address, jobs)
-    try:
-        resources = task_resources(rubric)
-        check_feasible(ray, resources)
-        remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(grade_remote)
-        pending: dict[Any, str] = {}
-        for submission in submissions:
+    with contextlib.redirect_stdout(sys.stderr):  # Ray prints what it sees go wrong ("a worker died") on stdout
+        connect(ray, address, jobs)
+        try:
+            yield from _graded(ray, submissions, rubric, plan, out, sandbox, grade_one, discover)
+        finally:
+            ray.shutdown()
+
+
+def _graded(ray: Any, submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, sandbox: str,
+            grade_one: GradeOne, discover: Discover) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
+    """``grade_on_ray``'s work, once connected."""
+    resources = task_resources(rubric)
+    check_feasible(ray, resources)
+    remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=False, **resources)(grade_remote)
+    pending: dict[Any, str] = {}
+    kit = kit_version()
+    for submission in submissions:
+        if submission.refused is not None:  # graded 0 without running or reading it: no bytes need travel
+            yield submission.name, grade_one(submission, rubric, plan, out / submission.name, sandbox)
+            continue
+        try:
+            bundle = pack(submission)
+        except (BundleError, OSError) as exc:
+            yield submission.name, exc
+            continue
+        pending[remote.remote(bundle, rubric, plan, sandbox, kit, grade_one, discover)] = submission.name
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
+        if not ready:
+            yield None
+            continue
+        for ref in ready:
+            name = pending.pop(ref)
             try:
-                bundle = pack(submission)
-            except (BundleError, OSError) as exc:
-                yield submission.name, exc
-                continue
-            pending[remote.remote(bundle, rubric, plan, sandbox, kit_version(), grade_one)] = submission.name
-        while pending:
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=HEARTBEAT_SECONDS)
-            if not ready:
-                yield len(pending)
-                continue
-            for ref in ready:
-                name = pending.pop(ref)
-                try:
-                    returned = ray.get(ref)
-                    yield name, place(out / name, name, returned)
-                except Exception as exc:  # the task's own error (a refusal), or lost more than MAX_RETRIES times
-                    yield name, _cause(exc)
-    finally:
-        ray.shutdown()
+                returned = ray.get(ref)
+                yield name, place(out / name, name, returned)
+            except Exception as exc:  # the task's own error (a refusal), or lost more than MAX_RETRIES times
+                yield name, _cause(exc)
 
 
 def import_ray() -> Any:
