@@ -408,7 +408,7 @@ def _schema(argv: list[str]) -> int:
 
 
 def clause_table() -> str:
-    """The README's clause table (markdown), generated from the registry so the two never drift."""
+    """The clause table of docs/contract.md (markdown), generated from the registry so the two never drift."""
     from .contract import CLAUSES, RUNNER_CLAUSES
     from .runner import COMPLETES_STATEMENT
 
@@ -428,7 +428,7 @@ def _clauses(argv: list[str]) -> int:
     from .runner import COMPLETES_STATEMENT
 
     parser = argparse.ArgumentParser(prog="cbatch clauses", description="Print the contract clause table.")
-    parser.add_argument("--markdown", action="store_true", help="the README's markdown table, with admits and why")
+    parser.add_argument("--markdown", action="store_true", help="the markdown table of docs/contract.md, with admits and why")
     args = parser.parse_args(argv)
     if args.markdown:
         sys.stdout.write(clause_table())

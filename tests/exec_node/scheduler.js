@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // A continuous-batching scheduler in JavaScript behind the kit's exec: protocol, written from the
-// specification alone (docs/exec-protocol.md for the wire, the README's trace and report formats and
+// specification alone (docs/exec-protocol.md for the wire, docs/adapters.md's trace and report formats and
 // the contract for the meaning): the conformance test of the specification runs the contract on it.
 //
 //   pytest --cbatch-impl="exec:node tests/exec_node/scheduler.js"
