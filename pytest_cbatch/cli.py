@@ -99,8 +99,10 @@ def _raw_trace(path: str) -> list[Any]:
     """The JSONL lines of ``path`` as they are, unvalidated: the input of an invalid_input_refused replay."""
     with open(path, encoding="utf-8") as fh:
         lines = [line for line in fh if line.strip()]
+    from .plain import loads
+
     try:
-        return [json.loads(line) for line in lines]
+        return [loads(line) for line in lines]
     except ValueError as exc:
         raise ValueError(f"{path}: not JSON lines: {exc}") from None
 
@@ -153,6 +155,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
     from .contract import CLAIMS
+    from .plain import NotPlain, loads, plain
     from .reference.scheduler_sim import CONFIG_CHOICES, demo_trace, load_trace, validate_trace
     from .runner import ALL_CLAUSES, OPT_IN_CLAUSES, Judge, judged_clauses
     from .spelling import unknown_name
@@ -171,14 +174,19 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
     given = {k: getattr(args, k) for k in (*BASE_CONFIG, "admission") if getattr(args, k) is not None}
     if args.config_json:
         try:
-            extra = json.loads(args.config_json)
-        except ValueError as exc:
-            print(f"error: --config-json: not JSON: {exc}", file=sys.stderr)
+            extra = loads(args.config_json)
+        except NotPlain as exc:
+            print(f"error: --config-json: {exc.problem if not exc.path else exc}", file=sys.stderr)
             return 2
         if not isinstance(extra, dict):
             print("error: --config-json: a JSON object of settings, e.g. '{\"capacity\": 0}'", file=sys.stderr)
             return 2
         given.update(extra)
+    try:
+        plain(given)
+    except NotPlain as exc:
+        print(f"error: setting {exc.path[1:]}: {exc.problem}", file=sys.stderr)
+        return 2
     if wanted and "invalid_input_refused" in wanted and (len(set(wanted)) > 1 or args.report):
         print("error: --clause invalid_input_refused is checked alone, with --impl (its input is invalid on "
               "purpose)", file=sys.stderr)
@@ -206,9 +214,9 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
             f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
         if args.report:
             try:
-                with open(args.report, encoding="utf-8") as fh:
-                    report = json.load(fh)
-            except ValueError as exc:  # invalid JSON or not UTF-8
+                with open(args.report, "rb") as fh:
+                    report = loads(fh.read())
+            except ValueError as exc:  # not UTF-8, not JSON, or not plain, bounded data (NotPlain)
                 raise ValueError(f"{args.report}: not a JSON report: {exc}") from None
             if not isinstance(report, dict):
                 raise ValueError(f"{args.report}: a report is a JSON object, got {type(report).__name__}")
@@ -437,11 +445,26 @@ def _clauses(argv: list[str]) -> int:
 
 
 def _impls(argv: list[str]) -> int:
-    from .impls import available_impls
+    from importlib.metadata import entry_points
 
-    argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.").parse_args(argv)
-    for name, target in sorted(available_impls().items()):
-        print(f"{name} = {target}")
+    from .impls import KIND_GROUP, ImplementationError, available_impls, available_kinds
+
+    parser = argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.")
+    parser.add_argument("--kinds", action="store_true",
+                        help=f"list the SPEC forms instead: the kinds registered in {KIND_GROUP}, in the order "
+                             f"they are asked")
+    if not parser.parse_args(argv).kinds:
+        for name, target in sorted(available_impls().items()):
+            print(f"{name} = {target}")
+        return 0
+    try:
+        kinds = available_kinds()
+    except ImplementationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    targets = {ep.name: ep.value for ep in entry_points(group=KIND_GROUP)}
+    for name, kind in kinds:
+        print(f"{kind.order:>4} {name} = {targets[name]}" + (f"  ({kind.form})" if kind.form else ""))
     return 0
 
 

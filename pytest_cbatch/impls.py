@@ -49,6 +49,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from . import bounded
 from .bounded import Bounds
+from .breaker import Breaker
+from .plain import NotPlain, describe, exception_text, plain
 
 __all__ = [
     "ENTRY_POINT_GROUP", "KIND_GROUP", "Implementation", "ImplementationError", "Kind", "PythonImplementation",
@@ -74,11 +76,12 @@ class Refused(Exception):
 
 
 class Stopped(Exception):
-    """The call was stopped for a limit (time or memory); ``stack`` is the implementation's stack then."""
+    """The call was stopped for a limit (``reason``: ``"time"`` or ``"memory"``); ``stack`` is the
+    implementation's stack then."""
 
-    def __init__(self, message: str, stack: str = "") -> None:
+    def __init__(self, message: str, stack: str = "", reason: str = "time") -> None:
         super().__init__(message)
-        self.stack = stack
+        self.stack, self.reason = stack, reason
 
 
 class Unsupported(Exception):
@@ -114,6 +117,7 @@ class Implementation:
     # The report claims (contract.CLAIMS) this kind may make: none, unless the kind is a live server or the
     # resolver trusts it (an engine adapter registered as an entry point); the report itself never decides.
     claims: frozenset[str] = frozenset()
+    breaker: Breaker | None = None  # when set, calls fail at once after a run of calls stopped at the time limit
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
@@ -128,6 +132,8 @@ class Implementation:
         reason = self.unsupported_reason(config)
         if reason:
             return RunOutcome(None, unsupported=reason)
+        if self.breaker is not None and self.breaker.tripped:
+            return RunOutcome(None, stopped=self.breaker.tripped)
         given_trace, given_config = copy.deepcopy(list(trace)), copy.deepcopy(dict(config))
         start = time.perf_counter()
         try:
@@ -135,19 +141,27 @@ class Implementation:
         except Unsupported as exc:
             return RunOutcome(None, unsupported=str(exc))
         except Refused as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except Stopped as exc:
+            self._note(timed_out=exc.reason == "time")
             return RunOutcome(None, stopped=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except BrokenOutput as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
+        self._note(timed_out=False)
         seconds = time.perf_counter() - start
-        mutated = None
-        if given_trace != list(trace):
-            first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
-            mutated = f"trace line {first} changed" if first < len(trace) else "trace length changed"
-        elif given_config != dict(config):
-            mutated = "config changed"
-        return RunOutcome(report, mutated=mutated, seconds=seconds)
+        if report is None:
+            return RunOutcome(None, broken="it returned None, not a report", seconds=seconds)
+        try:
+            report = plain(report)  # the trust boundary: no clause sees anything but plain, bounded data
+        except NotPlain as exc:
+            return RunOutcome(None, broken=f"what it returned is not plain JSON data: {exc}", seconds=seconds)
+        return RunOutcome(report, mutated=_mutation(given_trace, trace, given_config, config), seconds=seconds)
+
+    def _note(self, timed_out: bool) -> None:
+        if self.breaker is not None:
+            self.breaker.note(timed_out)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -190,15 +204,40 @@ class PythonImplementation(Implementation):
         try:
             report = bounded.call(self.fn, trace, bounds=self.bounds, **config)
         except bounded.CallStopped as exc:
-            raise Stopped(str(exc), exc.stack) from None
+            raise Stopped(str(exc), exc.stack, exc.reason) from None
         except NotImplementedError as exc:
-            raise Unsupported(f"{self.spec} raised NotImplementedError: {exc}") from exc
+            raise Unsupported(f"{self.spec} raised {_crash(exc, self.bounds)[0]}") from None
         except Exception as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}", bounded.crash_traceback(exc)) from exc
+            raise Refused(*_crash(exc, self.bounds)) from None
         return report
 
     def describe(self) -> str:
         return f"{self.spec} ({self.source}; {self.bounds.describe() if self.bounds else 'unbounded'})"
+
+
+def _crash(exc: BaseException, bounds: Bounds | None) -> tuple[str, str]:
+    """The message and traceback of an exception the implementation raised.  Its ``__str__`` is the
+    implementation's code, so they are read under the call's bounds; what cannot be read is said so."""
+    try:
+        return bounded.call(lambda: (exception_text(exc), bounded.crash_traceback(exc)), bounds=bounds)
+    except (bounded.CallStopped, Exception) as failure:
+        return f"{describe(exc)} (its message could not be read: {exception_text(failure)})", ""
+
+
+def _mutation(given_trace: Any, trace: Sequence[Mapping[str, Any]], given_config: Any,
+              config: Mapping[str, Any]) -> str | None:
+    """What the implementation changed in its copies of the input, or None; what it wrote there is
+    untrusted too, so it is compared only once it is plain data."""
+    try:
+        given_trace, given_config = plain(given_trace), plain(given_config)
+    except NotPlain as exc:
+        return f"it wrote something other than plain data into its input: {exc}"
+    if given_trace != list(trace):
+        first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
+        return f"trace line {first} changed" if first < len(trace) else "trace length changed"
+    if given_config != dict(config):
+        return "config changed"
+    return None
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
@@ -292,8 +331,13 @@ def resolve_impl(spec: str, *, timeout: float = bounded.DEFAULT_SECONDS, rootdir
                           model, option)
     try:
         kinds = available_kinds()
-        for _, kind in kinds:
-            if kind.claims(request):
+        for name, kind in kinds:
+            try:
+                claimed = kind.claims(request)
+            except Exception as exc:  # a third party's kind that breaks on this SPEC: name it
+                raise ImplementationError(f"the implementation kind {name!r} failed to read it: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            if claimed:
                 return kind.build(request)
         raise ImplementationError(_unknown_spec_message(kinds))
     except ImplementationError as exc:

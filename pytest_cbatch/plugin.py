@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -36,8 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="time limit of every call into the implementation (in process, exec:, http://, "
                          "--cbatch-isolate; one lifecycle example), default 60; 0 disables it (ini: cbatch_timeout)")
     group.addoption("--cbatch-memory", type=float, default=None, metavar="MIB",
-                    help="how much one in-process call may grow this process's resident memory, default 4096 MiB; "
+                    help="how much one in-process call may grow this process's resident memory, default 1024 MiB; "
                          "0 disables it (ini: cbatch_memory)")
+    group.addoption("--cbatch-max-timeouts", type=int, default=None, metavar="N",
+                    help="after N calls of the implementation in a row did not finish within the time limit, the "
+                         "rest fail at once, default 3; 0 never stops calling (ini: cbatch_max_timeouts)")
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
@@ -72,6 +76,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default=None)
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
                   default=None)
+    parser.addini("cbatch_max_timeouts", "calls in a row stopped at the time limit before the rest fail at once, "
+                  "0: never (see --cbatch-max-timeouts)", default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_model", "the model an http:// live server is asked for (see --cbatch-model)", default=None)
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
@@ -86,7 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_expect_options(group, parser)
 
 
-LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 4096.0}
+LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 1024.0}
 """Seconds per call and MiB of memory growth when neither an option, the ini file nor the implementation says."""
 
 
@@ -201,6 +207,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                 tick_seconds=tick_seconds, model=_setting(config, "model") or None)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
+    impl.breaker = _breaker(config)
     chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
     native = _engine_native(impl, chosen)
     hypothesis_profile = _load_hypothesis_profile(config, profile)  # global state: only once every setting is valid
@@ -270,6 +277,18 @@ def opted_clauses(config: pytest.Config) -> tuple[str, ...]:
     return ("course_results",) if config.getoption("cbatch_course") or config.getini("cbatch_course") else ()
 
 
+def _breaker(config: pytest.Config) -> Any:
+    """The breaker of --cbatch-max-timeouts (ini cbatch_max_timeouts); a bad value is a usage error."""
+    from .breaker import DEFAULT_MAX_TIMEOUTS, Breaker
+
+    chosen = _setting(config, "max_timeouts")
+    text = str(DEFAULT_MAX_TIMEOUTS if chosen is None else chosen).strip()
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise pytest.UsageError(f"--cbatch-max-timeouts (ini cbatch_max_timeouts) must be a whole number of calls, "
+                                f"0 to never stop calling; got {chosen!r}")
+    return Breaker(int(text))
+
+
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Parse --cbatch-config KEY=VALUE items; a bad one is a usage error naming it."""
     from .reference.scheduler_sim import CONFIG_CHOICES, validate_config
@@ -285,8 +304,8 @@ def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
         if key not in CONFIG_CHOICES:
             raise pytest.UsageError(f"--cbatch-config {item!r} (ini cbatch_config): "
                                     f"{unknown_name('setting', key, CONFIG_CHOICES)}")
-        value: Any = text if isinstance(CONFIG_CHOICES[key], tuple) else (int(text) if text.lstrip("-").isdigit()
-                                                                        else text)
+        number = not isinstance(CONFIG_CHOICES[key], tuple) and re.fullmatch(r"-?[0-9]{1,30}", text)
+        value: Any = int(text) if number else text  # else validate_config names the value it refuses
         try:
             validate_config({key: value})
         except ValueError as exc:
@@ -306,13 +325,16 @@ def _engine_native(impl: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
     namespace = getattr(impl, "namespace", None)
     for name in getattr(namespace, "CBATCH_ENGINE_LOGGERS", ()):
         logging.getLogger(name).setLevel(logging.ERROR)
-    declared = dict(getattr(namespace, "CBATCH_NATIVE_CONFIG", None) or {})
     try:
+        from .plain import plain
         from .reference.scheduler_sim import validate_config
 
-        validate_config(declared)
-    except ValueError as exc:
-        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG {declared!r} is invalid: {exc}") from None
+        declared = plain(getattr(namespace, "CBATCH_NATIVE_CONFIG", None))
+        if not isinstance(declared, (dict, type(None))):
+            raise ValueError(f"a dict of settings is expected, got {declared!r}")
+        declared = validate_config(declared or {})
+    except ValueError as exc:  # NotPlain too: what the implementation declares is data, checked as any
+        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG is invalid: {exc}") from None
     return {k: v for k, v in declared.items() if k not in chosen}
 
 

@@ -4,6 +4,7 @@ form's usage error stays one clear line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_cbatch.impls import KIND_GROUP, ImplementationError, PythonImplementation, available_kinds, resolve_impl
+from pytest_cbatch.impls import (KIND_GROUP, ImplementationError, PythonImplementation, available_impls, available_kinds,
+                                 resolve_impl)
 from pytest_cbatch.reference.scheduler_sim import demo_trace
 from pytest_cbatch.workloads import BASE_CONFIG
 
@@ -30,7 +32,7 @@ KIND = Kind(order=ORDER, form="echo:NAME", claims=lambda request: request.spec.s
 '''
 
 
-def install_kind(site: Path, entry: str = "thirdparty_kind:KIND", order: int = 150, claims: str = "echo:",
+def install_kind(site: Path, entry: str = "thirdparty_kind:KIND", order: int = 150, claims: str | None = "echo:",
                  module: str = THIRD_PARTY) -> Path:
     """A distribution ``thirdparty-kind`` in ``site`` (a folder for sys.path): its module and a .dist-info
     declaring one entry point ``echo`` in the kinds group, as pip would install it."""
@@ -83,6 +85,37 @@ def test_a_kind_that_does_not_load_or_is_no_kind_is_one_error_naming_it(site: Pa
         resolve_impl("reference")
 
 
+def test_a_kind_that_breaks_on_a_spec_is_one_error_naming_it(site: Path) -> None:
+    install_kind(site, claims=None)  # startswith(None): a TypeError for every SPEC
+    with pytest.raises(ImplementationError, match=r"^--cbatch-impl 'x': the implementation kind 'echo' failed to "
+                                                  r"read it: TypeError: "):
+        resolve_impl("x")
+
+
+def test_a_name_the_import_system_cannot_look_up_is_no_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_spec(name: str) -> None:
+        raise ValueError(f"{name}.__spec__ is None")  # what find_spec says of a __main__ run as a script
+
+    monkeypatch.setattr("importlib.util.find_spec", no_spec)
+    with pytest.raises(ImplementationError, match=r"^--cbatch-impl 'lookup_fails': not an installed implementation"):
+        resolve_impl("lookup_fails")
+
+
+def test_cbatch_impls_lists_the_kinds_in_the_order_they_are_asked(site: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_cbatch.cli import main
+
+    install_kind(site)
+    assert main(["impls", "--kinds"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == [" 100 http = pytest_cbatch.kinds.live:KIND  (http://HOST:PORT)",
+                         " 150 echo = thirdparty_kind:KIND  (echo:NAME)",
+                         " 200 exec = pytest_cbatch.kinds.command:KIND  (exec:COMMAND)"], lines
+    assert lines[-1] == " 800 module = pytest_cbatch.kinds.python:MODULE" and len(lines) == 9, lines
+    install_kind(site, entry="thirdparty_kind:MISSING")
+    assert main(["impls", "--kinds"]) == 2
+    assert "kind 'echo' (thirdparty_kind:MISSING" in capsys.readouterr().err
+
+
 def test_a_third_party_kind_runs_the_suite_under_pytest(pytester: pytest.Pytester, tmp_path: Path,
                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     site = install_kind(tmp_path / "site")
@@ -100,14 +133,15 @@ def test_a_third_party_kind_runs_the_suite_under_pytest(pytester: pytest.Pyteste
 ])
 def test_the_resolver_imports_no_transport_until_one_is_asked_for(spec: str, imports: list[str]) -> None:
     code = textwrap.dedent(f"""
-        import sys
+        import json, sys
         from pytest_cbatch.impls import resolve_impl
         if {spec!r}:
             resolve_impl({spec!r})
-        print(sorted(m for m in sys.modules if m.startswith(("pytest_cbatch.kinds.", "pytest_cbatch.live",
-                                                            "pytest_cbatch.sandbox", "aiohttp"))))
+        print(json.dumps(sorted(m for m in sys.modules if m.startswith(("pytest_cbatch.kinds.", "pytest_cbatch.live",
+                                                                        "pytest_cbatch.sandbox", "aiohttp")))))
     """)
-    loaded = eval(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True).stdout)
     assert not [m for m in loaded if m.startswith(("pytest_cbatch.live", "pytest_cbatch.sandbox", "aiohttp"))], loaded
     for module in imports:
         assert module in loaded, loaded
@@ -120,10 +154,11 @@ def _unknown_spec_error() -> str:
 
 
 def test_an_unknown_spec_lists_the_installed_names_and_every_form() -> None:
+    assert "reference" in available_impls()
     assert _unknown_spec_error() == (
         "--cbatch-impl 'no_such_implementation_anywhere': not an installed implementation, a file, a folder or an "
         "importable module.\n"
-        "  installed (pytest_cbatch.impls entry points): reference\n"
+        f"  installed (pytest_cbatch.impls entry points): {', '.join(sorted(available_impls()))}\n"
         "  or give one of: http://HOST:PORT | exec:COMMAND | path/to/file.py[:attr] | package.module[:attr] | "
         "path/to/folder/")
 
@@ -139,6 +174,9 @@ def test_an_unknown_spec_lists_the_installed_names_and_every_form() -> None:
     ("sub/mine.py:nothing", "--cbatch-impl 'sub/mine.py:nothing': file 'sub/mine.py' has no attribute 'nothing'"),
     ("json:nothing", "--cbatch-impl 'json:nothing': module 'json' has no attribute 'nothing'"),
     ("exec:", "--cbatch-impl 'exec:': exec: needs a command, e.g. exec:'./my-scheduler --json'"),
+    ("http://", "--cbatch-impl 'http://': expected http://HOST:PORT[/v1]"),
+    ("http://h:1/v2", "--cbatch-impl 'http://h:1/v2': the path must be empty, /v1, /v1/completions or "
+                      "/v1/chat/completions, got '/v2'"),
     ("exec:'open", "--cbatch-impl \"exec:'open\": exec: cannot split the command \"'open\": No closing quotation"),
 ])
 def test_each_spec_form_fails_with_one_clear_line(tmp_path: Path, spec: str, message: str) -> None:

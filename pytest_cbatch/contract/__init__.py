@@ -69,9 +69,9 @@ def unobservable(cid: str, report: Mapping[str, Any], honoured: Collection[str] 
 
     Only a report whose ``observed`` claim is ``honoured`` (see ``CLAIMS``) can hide a clause."""
     found = CLAUSES.get(cid)
-    observed = report.get("observed") if "observed" in honoured and isinstance(report, Mapping) else None
-    if found is None or not found.needs or not isinstance(observed, list):
-        return None
+    observed = report.get("observed") if "observed" in honoured and isinstance(report, dict) else None
+    if found is None or not found.needs or not isinstance(observed, list) or not all(type(k) is str for k in observed):
+        return None  # none claimed or honoured, or a claim schema_valid refuses
     missing = sorted(found.needs - set(observed))
     if not missing:
         return None

@@ -20,8 +20,9 @@ from typing import Any
 
 from ..bounded import Bounds
 from ..impls import BrokenOutput, Implementation, ImplementationError, Kind, Refused, SpecRequest, Stopped, Unsupported
+from ..plain import NotPlain, loads
 
-__all__ = ["ExecImplementation", "KIND", "PREFIX"]
+__all__ = ["ExecImplementation", "KIND", "PREFIX", "exec_report", "stderr_tail"]
 
 PREFIX = "exec:"
 
@@ -45,11 +46,11 @@ class ExecImplementation(Implementation):
         self.namespace = None
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
-        payload = json.dumps({"trace": trace, "config": config})
+        payload = json.dumps({"trace": trace, "config": config}).encode("utf-8")
         seconds = self.limits.seconds
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
+                                    start_new_session=True)
         except OSError as exc:
             raise Refused(f"could not start {self.argv[0]!r}: {exc}") from None
         try:
@@ -60,20 +61,38 @@ class ExecImplementation(Implementation):
                           f"the limit; 0 disables it); its process session was killed") from None
         finally:
             _kill_session(proc)  # whatever it left running in its session
-        proc = subprocess.CompletedProcess(self.argv, proc.returncode, stdout, stderr)
-        message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no message on stderr)"
-        if proc.returncode == self.UNSUPPORTED_EXIT:
-            raise Unsupported(f"{self.spec} exited 3 (unsupported): {message}")
-        if proc.returncode != 0:
-            raise Refused(f"exit status {proc.returncode}: {message}")
-        try:
-            return json.loads(proc.stdout)
-        except json.JSONDecodeError as exc:
-            raise BrokenOutput(f"stdout is not JSON ({exc.msg} at line {exc.lineno}): "
-                                  f"{proc.stdout[:200]!r}") from None
+        return exec_report(self.spec, proc.returncode, stdout, stderr)
 
 
-def _kill_session(proc: subprocess.Popen[str]) -> None:
+STDERR_LINES = 15
+"""How many of an ``exec:`` program's last stderr lines a failure shows (a crash's traceback, not only the
+last line, which for Node is its version banner)."""
+
+
+def stderr_tail(stderr: bytes, lines: int = STDERR_LINES, width: int = 300) -> str:
+    """The last ``lines`` non-blank lines of a program's stderr, each cut to ``width`` characters, bytes
+    that are not UTF-8 replaced; "(no message on stderr)" when there is none."""
+    text = stderr[-64 * 1024:].decode("utf-8", "replace")
+    tail = [line if len(line) <= width else line[:width - 3] + "..." for line in text.splitlines() if line.strip()]
+    return "\n".join(tail[-lines:]) if tail else "(no message on stderr)"
+
+
+def exec_report(spec: str, returncode: int, stdout: bytes, stderr: bytes) -> Any:
+    """The report an ``exec:`` program's exit status and output amount to, or the exception that says why
+    there is none (Unsupported for exit 3, Refused for another non-zero exit, BrokenOutput for stdout
+    that is not JSON); the document is plain data (``plain.loads``)."""
+    if returncode == ExecImplementation.UNSUPPORTED_EXIT:
+        raise Unsupported(f"{spec} exited 3 (unsupported): {stderr_tail(stderr, 1)}")
+    if returncode != 0:
+        raise Refused(f"exit status {returncode}: {stderr_tail(stderr, 1)}", stderr_tail(stderr))
+    try:
+        return loads(stdout)
+    except NotPlain as exc:
+        what = f"holds at {exc.path} {exc.problem}" if exc.path else f"is {exc.problem}"
+        raise BrokenOutput(f"stdout {what}: {stdout[:200]!r}") from None
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL the process session ``proc`` leads (it started one), then reap ``proc`` and close its pipes."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)

@@ -84,7 +84,12 @@ def _name_build(request: SpecRequest) -> Implementation:
 
 def _module_claims(request: SpecRequest) -> bool:
     spec = request.spec
-    return all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]) is not None
+    if not all(part.isidentifier() for part in spec.split(".")):
+        return False
+    try:
+        return importlib.util.find_spec(spec.split(".")[0]) is not None
+    except (ImportError, ValueError):  # e.g. __main__, which has no spec when run as a script
+        return False
 
 
 FILE = Kind(order=300, form="path/to/file.py[:attr]", claims=_file_claims, build=_file_build)

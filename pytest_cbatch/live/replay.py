@@ -78,10 +78,11 @@ _RANK = {"arrival": 0, "token": 1, "finished": 2, "cancelled": 2, "rejected": 2,
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """``(base_url, api)`` of an ``http(s)://`` SPEC; ImplementationError for anything else."""
+    """``(base_url, api)`` of an ``http(s)://`` SPEC; ImplementationError (saying what is wrong, the caller
+    names the SPEC) for anything else."""
     parts = urlsplit(spec)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ImplementationError(f"--cbatch-impl {spec}: expected http://HOST:PORT[/v1]")
+        raise ImplementationError("expected http://HOST:PORT[/v1]")
     path = parts.path.rstrip("/")
     api = "completions"
     for suffix, name in (("/chat/completions", "chat"), ("/completions", "completions")):
@@ -89,8 +90,8 @@ def split_spec(spec: str) -> tuple[str, str]:
             path, api = path[: -len(suffix)], name
             break
     if path not in ("", "/v1"):
-        raise ImplementationError(f"--cbatch-impl {spec}: the path must be empty, /v1, /v1/completions or "
-                                  f"/v1/chat/completions, got {parts.path!r}")
+        raise ImplementationError(f"the path must be empty, /v1, /v1/completions or /v1/chat/completions, "
+                                  f"got {parts.path!r}")
     return f"{parts.scheme}://{parts.netloc}{path}", api
 
 
@@ -102,7 +103,7 @@ class HttpImplementation(Implementation):
     def __init__(self, spec: str, *, tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0,
                  model: str | None = None) -> None:
         try:
-            require("aiohttp", f"--cbatch-impl {spec}")
+            require("aiohttp", "a live server")
         except MissingExtra as exc:
             raise ImplementationError(str(exc)) from None
         if not (isinstance(tick_seconds, (int, float)) and math.isfinite(tick_seconds) and tick_seconds > 0):
