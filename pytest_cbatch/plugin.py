@@ -117,6 +117,7 @@ class CbatchState:
     unobservable: int = 0
     blocked: dict[str, int] = field(default_factory=dict)              # clause -> checks skipped: it failed there
     part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
+    unjudged: dict[str, list[str]] = field(default_factory=dict)        # lifecycle clause -> parts that never reached it
     opt_in: tuple[str, ...] = ()                                        # opt-in clauses asked for (--cbatch-course)
     _judge: Any = None
 
@@ -492,6 +493,8 @@ class _Reporter:
         why = str(report.longrepr) if report.skipped else ""
         self.state.count(part, props.get("cbatch_clause"), outcome, unobservable="not observable" in why,
                          blocked=NO_REPORT in why or SCHEMA_BLOCKED in why)
+        for clause in filter(None, str(props.get("cbatch_unjudged", "")).split(",")):
+            self.state.unjudged.setdefault(clause, []).append(str(props.get("cbatch_workload", part)))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -532,6 +535,12 @@ class _Reporter:
                           f"{len(blocked)} clauses ({_few(sorted(blocked))}) were skipped because completes or "
                           f"schema_valid failed on their workload; those clauses are not passed there (see the "
                           f"failures of completes and schema_valid).", red=True, bold=True)
+        unjudged = self.state.unjudged
+        if unjudged:
+            where = [f"{clause} in {'/'.join(unjudged[clause])}" for clause in sorted(unjudged)]
+            tr.write_line(f"NOT JUDGED in the lifecycle parts: {len(unjudged)} clauses ({_few(where)}) were reached by "
+                          f"no run, most often because an earlier clause failed on every run; those clauses are not "
+                          f"passed (see the failures of test_lifecycle, or why with -rs).", red=True, bold=True)
         if self.state.judged_nothing():
             tr.write_line(f"NOTHING JUDGED: no clause was judged for {self.state.spec}, so this run proves nothing "
                           f"and ends non-zero; see why with -rs.", red=True, bold=True)

@@ -448,7 +448,9 @@ def _lifecycle_picture(cid: str, message: str) -> str:
                              with_text=False)
 
 
-_RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}
+# A clause several parts judge is as bad as its worst part: a part that ran but never reached it (an earlier
+# clause failed on every run) outranks a part where it passed, as a failed workload outranks a passed one.
+_RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
 _HOME_FILE = {"PagedKV": "scheduler_sim.py", "RecomputeRequest": "scheduler_faults.py",
               "TransferManager": "scheduler_faults.py"}
 
