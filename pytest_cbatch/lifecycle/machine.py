@@ -10,8 +10,9 @@ run, and the rest of that run is not judged.
 
 A clause is *judged* on a run when one of its checks ran to its end and held
 there: a judged call (``call``, ``must_raise``) answered as the clause
-requires, a read (``observe``) gave plain data, or a comparison (``expect``)
-held.  Each machine class collects the clauses judged on any of its runs in
+requires, a read (``observe``) gave plain data (an object fetched to be used,
+such as a constructed pool, judges nothing by itself), the implementation's
+own ``check()`` returned, or a comparison (``expect``) held.  Each machine class collects the clauses judged on any of its runs in
 ``held``; a clause none of whose checks a run reached (the run failed or
 halted on an earlier step) is not in it.
 
@@ -235,10 +236,13 @@ class LifecycleMachine(RuleBasedStateMachine):
         except Exception as exc:
             self.stop_if_timed_out(clause, expr, exc)
             self.fail(clause, f"{expr} raised {exception_text(exc)}", expr)
-        if not data:
-            self.hold(clause)
-            return value
-        return self.checked(clause, expr, value)
+        return self.checked(clause, expr, value) if data else value
+
+    def self_check(self, expr: str, fn: Callable[[], Any]) -> None:
+        """Run one of the implementation's own ``check()`` methods: raising violates ``lifecycle.self_check``;
+        returning judges it (it is the whole check)."""
+        self.observe("lifecycle.self_check", expr, fn, data=False)
+        self.hold("lifecycle.self_check")
 
     def checked(self, clause: str, expr: str, value: Any) -> Any:
         """``value``, which ``expr`` gave, as plain data (``plain(..., lifecycle=True)``); else a violation of
@@ -473,7 +477,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.check_views("the last step")
         for owner in self.readable():
             self.expect_rows("lifecycle.read_matches_history", owner, "the last step")
-        self.observe("lifecycle.self_check", "pool.check()", self.pool.check, data=False)
+        self.self_check("pool.check()", self.pool.check)
 
     # -------------------------------------------------------------- teardown
 
