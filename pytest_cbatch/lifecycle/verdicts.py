@@ -195,20 +195,24 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
         if violation is None:
-            return {cid: verdicts.get(cid) or (Verdict("pass") if cid in held else _unjudged(part, verdicts))
+            return {cid: verdicts.get(cid) or (Verdict("pass") if cid in held else
+                                              _unjudged(part, verdicts, config.max_examples))
                     for cid in clauses}
         verdicts[violation.clause] = Verdict("fail", str(violation))
     skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
     return {cid: verdicts.get(cid, skipped) for cid in clauses}
 
 
-def _unjudged(part: str, failed: dict[str, Verdict]) -> Verdict:
+def _unjudged(part: str, failed: dict[str, Verdict], examples: int) -> Verdict:
     """The verdict of a clause that no run of ``part`` judged, though the searches ended: ``failed`` (the
-    clauses that failed, disabled in the later runs) stopped every run before a check of it."""
+    clauses that failed, disabled in the later runs) stopped every run before a check of it, or, with none,
+    ``examples`` runs per search were too few to reach it."""
     if failed:
         return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause: every run "
                                f"stopped first at the failing clause {' or '.join(failed)} (fix that first)")
-    return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause")
+    return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause in {examples} "
+                           f"examples per search; run more (the Hypothesis profile's max_examples, or "
+                           f"lifecycle_examples in a grading rubric)")
 
 
 def _first_violation(part: str, namespace: object, disabled: frozenset[str], stages: tuple[Settings, ...],
