@@ -5,6 +5,10 @@ Inert unless an implementation is selected (``--cbatch-impl`` or the ini key
 collects the shipped suite when no paths were given, prints the
 implementation in the header and a clause summary at the end.  Importing this
 module imports only pytest and the standard library.
+
+This module holds the hooks and fixtures; ``pytest_options`` the options and
+settings, ``run_state`` what the run resolved and tallied, ``run_summary`` the
+reporter and end-of-run summary, ``failure_report`` a failing test's report.
 """
 
 from __future__ import annotations

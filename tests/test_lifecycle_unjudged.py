@@ -33,7 +33,8 @@ class PagedKV:
 RecomputeRequest = TransferManager = PagedKV
 '''
 
-GARBAGE = '''
+_EVERY_ATTRIBUTE = '''
+{imports}
 class PagedKV:
     def __init__(self, *args, **kwargs):
         pass
@@ -41,29 +42,14 @@ class PagedKV:
     def __getattr__(self, name):
         if name.startswith("__"):
             raise AttributeError(name)
-        return lambda *args, **kwargs: "garbage"
-
-
-RecomputeRequest = TransferManager = PagedKV
-'''
-
-HANGS = '''
-import time
-
-
-class PagedKV:
-    def __init__(self, *args, **kwargs):
-        pass
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        while True:
-            time.sleep(0.05)
-
+{body}
 
 RecomputeRequest = TransferManager = PagedKV
 '''
+"""A module whose classes construct, and whose every other attribute does ``body``."""
+
+GARBAGE = _EVERY_ATTRIBUTE.format(imports="", body='        return lambda *args, **kwargs: "garbage"')
+HANGS = _EVERY_ATTRIBUTE.format(imports="import time\n", body="        while True:\n            time.sleep(0.05)")
 
 BRIEF = settings(max_examples=5, derandomize=True, database=None, deadline=None,
                  suppress_health_check=list(HealthCheck))
