@@ -116,8 +116,11 @@ def test_a_search_with_a_random_seed_is_the_same_on_both_sides(ways: Ways) -> No
         verdicts, note = lifecycle_verdicts_of(impl, "transfer", Settings(SETTINGS, derandomize=False))
     finally:
         impl.close()
-    assert note == "" and ways.searches == 2 and ways.steps == 0
-    assert {v.status for v in verdicts.values()} == {"pass"}
+    # A random draw may reach a rare check in none of its few runs (then one more search, of twice the
+    # examples, runs): such a clause is not judged, never failed.
+    unreached = [v for v in verdicts.values() if v.status == "skip" and "examples; run more" in v.message]
+    assert note == "" and ways.searches == (3 if unreached else 2) and ways.steps == 0
+    assert {v.status for v in verdicts.values()} <= {"pass", "skip"} and len(unreached) <= 1, verdicts
 
 
 def _reported_as_flaky(run: Any) -> Any:

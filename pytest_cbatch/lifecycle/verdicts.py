@@ -160,7 +160,9 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     failed; when the searches end with no (further) failure, a clause no run
     judged, because every run failed or halted on an earlier step (a constructor
     that always raises, once its clause is disabled), is ``skip``, "not judged",
-    naming the failing clauses that stopped the runs first.
+    naming the failing clauses that stopped the runs first.  Before that, the
+    part gets one more search at full length with twice the examples (a rare
+    check of a correct part is then seldom left unreached).
     Each search runs the profile's examples twice: first with runs of
     SHORT_STEPS operations, then (if those find nothing) at full length, so a
     passing part keeps every long run and gains the short ones.  Each failing
@@ -182,6 +184,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     held: set[str] = set()
     config = lifecycle_settings(settings)
     stages = (Settings(config, stateful_step_count=SHORT_STEPS + 1), config)
+    extended = False
     while len(verdicts) < max_failures:
         try:
             violation = _first_violation(part, namespace, frozenset(verdicts), stages, held, bounds, wrap, search)
@@ -194,9 +197,14 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
         except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
+        if violation is None and not extended and any(cid not in verdicts and cid not in held for cid in clauses):
+            # Some clause no run reached: one more search with twice the examples (new draws, seeded or not)
+            # before calling it not judged, so a rare check of a correct part is seldom left unjudged.
+            extended, stages = True, (Settings(config, max_examples=2 * config.max_examples),)
+            continue
         if violation is None:
             return {cid: verdicts.get(cid) or (Verdict("pass") if cid in held else
-                                              _unjudged(part, verdicts, config.max_examples))
+                                              _unjudged(part, verdicts, 4 * config.max_examples))
                     for cid in clauses}
         verdicts[violation.clause] = Verdict("fail", str(violation))
     skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
@@ -206,12 +214,12 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
 def _unjudged(part: str, failed: dict[str, Verdict], examples: int) -> Verdict:
     """The verdict of a clause that no run of ``part`` judged, though the searches ended: ``failed`` (the
     clauses that failed, disabled in the later runs) stopped every run before a check of it, or, with none,
-    ``examples`` runs per search were too few to reach it."""
+    the ``examples`` runs of its searches were too few to reach it."""
     if failed:
         return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause: every run "
                                f"stopped first at the failing clause {' or '.join(failed)} (fix that first)")
     return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause in {examples} "
-                           f"examples per search; run more (the Hypothesis profile's max_examples, or "
+                           f"examples; run more (the Hypothesis profile's max_examples, or "
                            f"lifecycle_examples in a grading rubric)")
 
 
