@@ -279,7 +279,7 @@ def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[s
 
     A sandboxed submission's child runs each search ahead (``sandbox.search``), streaming its requests
     and answers while the grader judges the same search; should the child's record ever differ, the
-    part is judged again with mirrored steps or one request at a time, and the notes say so.
+    part is judged again over the live channel, one request at a time, and the notes say so.
     """
     from hypothesis import HealthCheck
     from hypothesis import settings as Settings
