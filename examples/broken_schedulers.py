@@ -127,6 +127,33 @@ release_delay_ignored = _ignoring("release_delay", lambda delay: 0)
 release_delay_ignored.__doc__ = "Ignores release_delay: a retired request's pages are released at once."
 
 
+class _RecomputeTargetCut(ref.Scheduler):
+    """Emits a token for every decode row, and cuts a recompute target to its progress when preempted."""
+
+    def _preempt(self, req: Any) -> None:
+        written = req.written
+        super()._preempt(req)
+        req.recompute_to = written  # the bug: a recompute cut short keeps only its partial progress as target
+
+    def _dispatch(self, rows: list[Any]) -> None:
+        before = len(self.events)
+        super()._dispatch(rows)
+        emitted = {ev["id"] for ev in self.events[before:] if ev["event"] == "token"}
+        for req, phase, _ in rows:  # a decode row samples a token (true only once the recompute is whole)
+            if phase == "decode" and req.id not in emitted and req.status == "active":
+                req.token_times.append(self.now)
+                self.events.append({"time": self.now, "event": "token", "id": req.id,
+                                    "output_index": len(req.token_times)})
+                if len(req.token_times) == req.output:
+                    self._retire(req, "finished")
+
+
+def recompute_target_cut(trace: Any, **config: Any) -> Report:
+    """Preempted in the middle of a recompute, a request keeps only its partial progress as the recompute
+    target: once that is rebuilt it decodes and emits too early (a prompt or output row is never rebuilt)."""
+    return _run(_RecomputeTargetCut, trace, config)
+
+
 class _EarlyReuse(ref.Scheduler):
     def _retire(self, req: Any, status: str) -> None:
         running = req.status == "active"

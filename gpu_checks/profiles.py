@@ -28,7 +28,7 @@ from typing import Any
 
 from .bugs import BUG_REGIMES
 from .presets import PRESETS
-from .schedules import SUITE_WORKLOADS, arrivals, boundary_trace, fcfs_schedule
+from .schedules import SUITE_WORKLOADS, arrivals, boundary_trace, fcfs_schedule, numerics_workloads, reference_simulate
 
 __all__ = ["Stage", "Profile", "PROFILES", "Built", "build", "estimate", "GPU_MEMORY_BUDGET", "QUICK_BUGS"]
 
@@ -140,6 +140,24 @@ def _suite_long(name: str) -> tuple:
     return w.trace, report, baseline, w.config["block_size"]
 
 
+REFERENCE_SHORT = ("demo", "chunked", "preempt")
+REFERENCE_LONG = ("long-preempt",)
+"""The suite's numerics workloads the command also runs as the kit's reference scheduler plans them: its
+schedules reach regimes the FCFS planner's do not (a running request cancelled, its pages released after
+the delay while others allocate; recompute-only steps; its own row order and chunk sizes)."""
+
+
+def _reference_workloads(names: set[str]) -> dict[str, tuple]:
+    """``<name>-ref``: the suite's numerics workload ``name`` as the reference scheduler plans it."""
+    simulate = reference_simulate().simulate
+    out = {}
+    for name, w in numerics_workloads().items():
+        if f"{name}-ref" in names:
+            baseline = None if w.baseline is None else simulate(w.trace, **w.baseline)
+            out[f"{name}-ref"] = (w.trace, simulate(w.trace, **w.config), baseline, w.config["block_size"])
+    return out
+
+
 def _gpu_long() -> dict[str, tuple]:
     """long-gpu: 32k, 16k and 8k prompts in 2,048-token chunks beside short requests;
     batch64: 64 requests of 256-2,048 prompt tokens decoding together, two of them preempted."""
@@ -166,6 +184,8 @@ def _common_stages(preset: str) -> list[Stage]:
         Stage("preemption", "preempt", preset),
         Stage("invariance", "chunked", preset),
         Stage("kill", "preempt", preset, bugs=SHORT_BUGS),
+        *(Stage("schedule", f"{w}-ref", preset) for w in REFERENCE_SHORT),
+        Stage("preemption", "preempt-ref", preset),
     ]
 
 
@@ -192,6 +212,8 @@ def _regime_stages(preset: str, lead_dtypes: tuple[str, ...]) -> list[Stage]:
         Stage("kill", "long", "narrow-hot-early", checks=("first_partition_leads",), bugs=FIRST_LEAD_BUGS,
               **lead_kill),
         Stage("kill", "long-preempt", preset, bugs=LONG_PREEMPTION_BUGS, quick=False, once=True),
+        *(Stage("schedule", f"{w}-ref", SUITE_WORKLOADS[w].preset, checks=("batched_vs_alone", "page_reuse"),
+                quick=False) for w in REFERENCE_LONG),
     ]
 
 
@@ -244,6 +266,7 @@ def build(profile: Profile, quick: bool = False) -> Built:
         workloads[name] = _suite_long(name)
     if names & {"long-gpu", "batch64"}:
         workloads.update(_gpu_long())
+    workloads.update(_reference_workloads(names))
     return Built(profile, stages, workloads)
 
 

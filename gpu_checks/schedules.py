@@ -23,7 +23,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from .sizes import DECODE_GRAPH_ROWS, PAD_TO, key_intervals, size_parameters
 
-__all__ = ["Workload", "SUITE_WORKLOADS", "fcfs_schedule", "alone_schedule", "boundary_trace", "arrivals",
+__all__ = ["Workload", "SUITE_WORKLOADS", "numerics_workloads", "reference_simulate", "fcfs_schedule", "alone_schedule", "boundary_trace", "arrivals",
            "boundary_workload"]
 
 
@@ -257,3 +257,23 @@ def _suite_workloads() -> dict[str, Workload]:
 
 
 SUITE_WORKLOADS: dict[str, Workload] = _suite_workloads()
+
+
+def reference_simulate() -> Any:
+    """The kit's reference scheduler's module (``simulate``, ``demo_trace``, ``DEFAULT_CONFIG``).
+
+    Imported when asked for: from the installed kit, or, when ``python -m gpu_checks`` runs from a
+    checkout without it, the checkout's top-level ``reference`` package.
+    """
+    try:
+        from pytest_cbatch.reference import scheduler_sim
+    except ImportError:
+        from reference import scheduler_sim  # type: ignore[no-redef]
+    return scheduler_sim
+
+
+def numerics_workloads() -> dict[str, Workload]:
+    """What the pytest suite's numerics run: the built-in ``demo`` workload, then :data:`SUITE_WORKLOADS`."""
+    ref = reference_simulate()
+    base = {k: v for k, v in ref.DEFAULT_CONFIG.items() if k != "admission"}
+    return {"demo": Workload("demo", ref.demo_trace(), base), **SUITE_WORKLOADS}

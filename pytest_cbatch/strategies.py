@@ -10,7 +10,9 @@
         ...
 
 Every trace drawn here is valid (see ``reference/scheduler_sim.py``); configs
-use only the seven base settings unless ``admission`` is asked for.  Shrinking
+use only the seven base settings unless ``admission`` is asked for;
+``preemption_workloads()`` adds optimistic admission on a pool too small for
+its requests, so preemption and recompute happen on most examples.  Shrinking
 goes toward fewer, shorter requests, earlier times and fewer cancels.
 """
 
@@ -20,13 +22,14 @@ from typing import Any, Sequence
 
 from hypothesis import strategies as st
 
-__all__ = ["traces", "configs", "workloads"]
+__all__ = ["traces", "configs", "workloads", "preemption_workloads"]
 
 
 @st.composite
 def traces(
     draw: st.DrawFn,
     *,
+    min_requests: int = 1,
     max_requests: int = 8,
     max_gap: int = 3,
     max_prompt: int = 16,
@@ -38,7 +41,7 @@ def traces(
     Lines are ordered by time; at equal times in generation order, so a cancel
     sharing its request's arrival tick follows that arrival.
     """
-    count = draw(st.integers(1, max_requests), label="requests")
+    count = draw(st.integers(min_requests, max_requests), label="requests")
     lines: list[tuple[int, int, dict[str, Any]]] = []
     t = 0
     for i in range(count):
@@ -84,3 +87,36 @@ def workloads(
 ) -> st.SearchStrategy[tuple[list[dict[str, Any]], dict[str, Any]]]:
     """(trace, config) pairs: ``traces()`` with ``configs()``."""
     return st.tuples(traces(max_requests=max_requests), configs(admissions=admissions))
+
+
+@st.composite
+def preemption_workloads(draw: st.DrawFn, *, max_requests: int = 6, max_output: int = 24) -> tuple[
+        list[dict[str, Any]], dict[str, Any]]:
+    """(trace, config) pairs that preempt often, and preempt again during recompute.
+
+    Optimistic admission, continuous policy; three or more requests arriving
+    together, prompts of up to three prefill chunks (so a recompute spans
+    several dispatches), long outputs on pages of one or two tokens (so decodes
+    keep asking for pages), and a pool between the largest request and a third
+    of the way to all of them.  Within a hundred examples this reaches a
+    preemption in the middle of a recompute, a second preemption of a request
+    whose recompute was cut short, and the cancel of a request waiting after a
+    preemption (tests/test_strategies.py counts them).
+    """
+    chunk = draw(st.integers(1, 3), label="prefill_chunk")
+    trace = draw(traces(min_requests=3, max_requests=max(3, max_requests), max_gap=1, max_prompt=3 * chunk + 2,
+                        max_output=max_output, max_cancels_per_request=1))
+    block_size = draw(st.integers(1, 2), label="block_size")
+    needs = [-(-(line["prompt_tokens"] + line["output_tokens"] - 1) // block_size)
+             for line in trace if line["event"] == "arrival"]
+    most = max(needs)
+    return trace, {
+        "capacity": draw(st.integers(most, most + (sum(needs) - most) // 3), label="capacity"),
+        "block_size": block_size,
+        "token_budget": draw(st.integers(chunk, 3 * chunk + 2), label="token_budget"),
+        "max_active": draw(st.integers(2, 6), label="max_active"),
+        "prefill_chunk": chunk,
+        "release_delay": draw(st.integers(0, 3), label="release_delay"),
+        "policy": "continuous",
+        "admission": "optimistic",
+    }

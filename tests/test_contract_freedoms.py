@@ -55,6 +55,15 @@ def test_active_that_disagrees_with_the_events_fails_snapshot_counts(form: str) 
     assert clauses_failed(report, trace) == {"snapshot_counts"}
 
 
+# -- the requests table ---------------------------------------------------------------------
+def test_the_requests_table_may_list_its_rows_in_any_order() -> None:
+    """The course's per-request table names no order, and a JSON object has none: reversed rows pass."""
+    report, trace = demo()
+    report["requests"] = dict(reversed(list(report["requests"].items())))
+    assert list(report["requests"]) != [line["id"] for line in trace if line["event"] == "arrival"]
+    assert clauses_failed(report, trace) == set()
+
+
 # -- the end of the run --------------------------------------------------------------------
 def test_no_snapshot_after_the_last_release_and_drain_at_the_last_release_pass() -> None:
     report, trace = demo()

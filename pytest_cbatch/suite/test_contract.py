@@ -63,10 +63,11 @@ def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]],
     _check_generated(cbatch_state, workload, "reserve")
 
 
-@given(workload=strategies.workloads(admissions=["optimistic"]))
+@given(workload=strategies.preemption_workloads())
 def test_generated_traces_preemption(workload: tuple[list[dict[str, Any]], dict[str, Any]],
                                      cbatch_state: CbatchState) -> None:
-    """Every report clause on generated traces under optimistic admission (preemption)."""
+    """Every report clause on generated traces under optimistic admission on a tight pool (preemption,
+    preemption during recompute, cancels of preempted requests)."""
     reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config(workload[1]))
     if reason:
         pytest.skip(reason)

@@ -38,10 +38,8 @@ from typing import TYPE_CHECKING, Any, Iterator
 import pytest
 
 from pytest_cbatch.gpu_checks.catalog import LEAD_CHECKS, MAGNITUDES, SCHEDULE_CHECKS
-from pytest_cbatch.gpu_checks.schedules import SUITE_WORKLOADS, Workload
-from pytest_cbatch.reference.scheduler_sim import demo_trace
+from pytest_cbatch.gpu_checks.schedules import Workload, numerics_workloads
 from pytest_cbatch.schemas import schema_issues
-from pytest_cbatch.workloads import BASE_CONFIG
 
 if TYPE_CHECKING:
     from pytest_cbatch.gpu_checks.checks import CheckResult
@@ -83,7 +81,7 @@ def _cuda_available() -> bool:
     return _import_torch().cuda.is_available()
 
 
-WORKLOADS: dict[str, Workload] = {"demo": Workload("demo", demo_trace(), dict(BASE_CONFIG)), **SUITE_WORKLOADS}
+WORKLOADS: dict[str, Workload] = numerics_workloads()
 CHECKS: dict[str, tuple[str, ...]] = {
     "demo": SCHEDULE_CHECKS,
     "chunked": SCHEDULE_CHECKS + ("batch_invariance", "negative_control"),
