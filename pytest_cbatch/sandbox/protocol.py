@@ -7,10 +7,14 @@ through ``ReplyReader``.
 Framing.  Each message is one JSON line (UTF-8).  The grader writes requests
 ``{"op": ..., "drop": [handles], ...}``; the child writes replies, and a
 search's lines, which it may group as ``{"batch": [line, ...]}``.  A reply
-line is untrusted: ``ReplyReader`` refuses a line longer than its byte limit
-(``reply_mb``), and a line that is not UTF-8, not JSON or not an object, as a
-``SandboxFailure`` of kind ``garbage``: it fails that call of that submission,
-never the grader.
+line is untrusted: ``ReplyReader`` refuses, before decoding it, a line longer
+than its byte limit (``reply_mb``), nested deeper than ``MAX_DEPTH`` arrays and
+objects, or holding more than ``MAX_CONTAINERS`` of them (a line of ``{},{},``
+costs the decoder some 25 bytes of memory per byte); a line that is not
+UTF-8, not JSON or not an object, or that the decoder cannot finish
+(RecursionError, MemoryError), is refused too.  Each refusal is a
+``SandboxFailure`` of kind ``garbage`` naming the limit: it fails that call of
+that submission, never the grader.
 
 Replies.  ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``, ``"plain"``
 or ``"method"``), ``{"raised": {type, builtin, message}}`` (``raised``),
@@ -42,9 +46,16 @@ import numbers
 import random
 from typing import Any, Callable
 
-__all__ = ["ReplyReader", "SandboxFailure", "decode", "describe_line", "encode",
-           "exited", "json_default", "native_copy", "of_example", "plain_only", "raised", "read_line",
-           "read_reply", "reply_to", "request_line", "search_settings", "settings_document"]
+__all__ = ["MAX_CONTAINERS", "MAX_DEPTH", "ReplyReader", "SandboxFailure", "bound_problem", "decode",
+           "describe_line", "encode", "encode_line", "exited", "json_default", "native_copy", "of_example",
+           "plain_only", "raised", "read_line", "read_reply", "reply_to", "request_line", "search_settings",
+           "settings_document"]
+
+MAX_DEPTH = 64
+"""Arrays and objects one reply line may nest (a tagged value takes two levels per level of its own)."""
+MAX_CONTAINERS = 1 << 20
+"""Arrays and objects one reply line may hold in all (brackets inside strings count too: a bound, not a count)."""
+
 
 class SandboxFailure(Exception):
     """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
@@ -81,7 +92,7 @@ class ReplyReader:
             self._searched = len(self._buffer)
             if self._searched > self.max_bytes:
                 raise self._refused(f"a reply line longer than {self.max_bytes >> 20} MiB ({self.limit_name}) "
-                                    f"that does not end")
+                                    f"that does not end", self._buffer)
             return
         lines = bytes(self._buffer[:end]).split(b"\n")
         del self._buffer[: end + 1]
@@ -89,7 +100,8 @@ class ReplyReader:
         for line in lines:
             self._add(self._decode(line))
         if len(self._buffer) > self.max_bytes:
-            raise self._refused(f"a reply line longer than {self.max_bytes >> 20} MiB ({self.limit_name})")
+            raise self._refused(f"a reply line longer than {self.max_bytes >> 20} MiB ({self.limit_name})",
+                                self._buffer)
 
     def _add(self, reply: dict[str, Any]) -> None:
         batch = reply.get("batch")
@@ -98,22 +110,65 @@ class ReplyReader:
         elif isinstance(batch, list) and all(type(line) is dict for line in batch):
             self._ready.extend(batch)
         else:
-            raise self._refused(f"a batch that is not a list of replies: {batch!r:.120}")
+            raise self._refused("a batch that is not a list of replies", repr(batch).encode())
 
     def _decode(self, line: bytes) -> dict[str, Any]:
         if len(line) > self.max_bytes:
             raise self._refused(f"a reply line of {len(line)} bytes, over {self.max_bytes >> 20} MiB "
-                                f"({self.limit_name})")
+                                f"({self.limit_name})", line)
+        problem = bound_problem(line)
+        if problem:
+            raise self._refused(f"a reply line {problem}", line)
         try:
             reply = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise self._refused(f"garbage ({exc}): {line[:120]!r}") from None
+            raise self._refused(f"garbage ({exc})", line) from None
+        except RecursionError:
+            raise self._refused("a reply line too deeply nested to decode", line) from None
+        except MemoryError:
+            raise self._refused(f"a reply line of {len(line)} bytes that did not fit in memory when decoded",
+                                line) from None
         if type(reply) is not dict:
-            raise self._refused(f"a reply that is not an object: {line[:120]!r}")
+            raise self._refused("a reply that is not an object", line)
         return reply
 
-    def _refused(self, what: str) -> SandboxFailure:
-        return SandboxFailure("garbage", f"the {self.label} wrote {what} on its reply channel")
+    def _refused(self, what: str, line: bytes | bytearray) -> SandboxFailure:
+        return SandboxFailure("garbage", f"the {self.label} wrote {what} on its reply channel, which only the kit's "
+                                         f"side of the child writes (it began {bytes(line[:80])!r})")
+
+
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")  # for depth, an object is an array
+
+
+def bound_problem(line: bytes) -> str | None:
+    """Why ``line`` may not be decoded (more than MAX_CONTAINERS arrays and objects, or nested deeper than
+    MAX_DEPTH), or None.  A scan at the speed of ``bytes`` methods (a few percent of decoding the line): no
+    value is built."""
+    opened = line.count(b"[") + line.count(b"{")
+    if opened > MAX_CONTAINERS:
+        return f"with more than {MAX_CONTAINERS} arrays and objects (the protocol's MAX_CONTAINERS)"
+    if opened <= MAX_DEPTH:
+        return None
+    brackets = _structure(line)
+    for _ in range(MAX_DEPTH):  # each pass takes away the innermost level, and only that
+        if not brackets:
+            return None
+        shorter = brackets.replace(b"[]", b"")
+        if len(shorter) == len(brackets):
+            return None  # unbalanced: not JSON, which the decoder says (its RecursionError is caught)
+        brackets = shorter
+    return f"nested deeper than {MAX_DEPTH} arrays and objects (the protocol's MAX_DEPTH)" if brackets else None
+
+
+def _structure(line: bytes) -> bytes:
+    """The brackets of JSON ``line`` outside its strings, as ``[`` and ``]``.  Backslashes occur only in
+    strings, where the lexer pairs them from the left as ``replace`` does; then every quote left opens or
+    closes a string."""
+    if b"\\" in line:
+        line = line.replace(b"\\\\", b"").replace(b'\\"', b"")
+    kept = line.translate(_ONE_KIND, _NOT_STRUCTURE).replace(b'""', b"")  # most strings hold no bracket
+    return b"".join(kept.split(b'"')[::2]) if b'"' in kept else kept
 
 
 def encode_line(message: dict[str, Any], default: Callable[[Any], Any] | None = None) -> bytes:
