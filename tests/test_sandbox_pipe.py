@@ -60,7 +60,7 @@ def judged(spec: str, **limits: Any) -> str:
 @needs_bwrap
 def test_a_deeply_nested_line_fails_the_call_not_the_grader(tmp_path: Path) -> None:
     spec = submission(tmp_path, '''
-        _write(b'{"ok": ' + b'[' * 200000 + b']' * 200000 + b'}\\n')
+        _write(b'{"ok": ' + b'[' * 20000 + b']' * 20000 + b'}\\n')
         return {}
     ''')
     message = judged(spec)
@@ -139,10 +139,11 @@ def test_a_reader_takes_lines_in_any_chunks_and_unpacks_batches() -> None:
     (b'{"batch": [1]}', "a batch that is not a list of replies"),
     (b"{not json", "garbage (Expecting property name"),
     (b'{"ok": ' + b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1) + b"}", "nested deeper than"),
-])
+    (b'{"ok": [' + b"[]," * MAX_CONTAINERS + b"[]]}", "the protocol's MAX_CONTAINERS"),
+], ids=["array", "batch", "not-json", "deep", "containers"])
 def test_a_bad_line_is_a_garbage_failure_naming_what_is_wrong(line: bytes, words: str) -> None:
     with pytest.raises(SandboxFailure, match="wrote .* on its reply channel, which only the kit.s side") as failure:
-        ReplyReader("submission", 1 << 20).feed(line + b"\n")
+        ReplyReader("submission", 64 << 20).feed(line + b"\n")
     assert failure.value.kind == "garbage" and words in str(failure.value), str(failure.value)
 
 
@@ -159,3 +160,24 @@ def test_the_depth_bound_is_the_nesting_of_the_value(depth: int, string: bool) -
     # Brackets inside strings do not count; the reply's own object is one level more.
     line = json.dumps({"ok": nested(depth, string)}).encode()
     assert (bound_problem(line) is None) == (depth + 1 <= MAX_DEPTH), depth
+
+
+def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
+    # Each run holds its decoded report: the grader forgets a workload's runs once its clauses are judged.
+    from dataclasses import replace
+
+    from pytest_cbatch.grading import evaluate
+    from pytest_cbatch.grading.plan import build_plan
+    from pytest_cbatch.grading.rubric import load_rubric
+    from pytest_cbatch.impls import resolve_impl
+
+    plan = build_plan(replace(load_rubric(None), generated_examples=2))
+    held: list[int] = []
+
+    class Watched(Judge):
+        def run(self, trace: Any, config: Any) -> Any:
+            held.append(len(self._runs))
+            return super().run(trace, config)
+
+    evaluate._contract_tests(Watched(resolve_impl("reference")), plan, "reference", tmp_path, [])
+    assert len(plan.cases) > 2 and held and max(held) <= 1, max(held)

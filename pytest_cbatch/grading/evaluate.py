@@ -16,7 +16,7 @@ beside results.json, for the instructor.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +157,7 @@ def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_l
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
             _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
+        judge.forget()  # a report lives while its workload is judged, not for the rest of the part
     for case in plan.invalid:
         _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
     return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in ALL_CLAUSES]
@@ -167,8 +168,9 @@ def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
         tally.skipped.append(result.reason)
         return
     tally.ran += 1
-    if result.status == "fail":
-        tally.failed.append((case, result))
+    if result.status == "fail":  # the report stays only where a failure will be explained (see _clause_test)
+        explained = case.kind == "hidden" or all(c.kind == "hidden" for c, _ in tally.failed)
+        tally.failed.append((case, result if explained else replace(result, report=None)))
 
 
 def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
@@ -217,6 +219,7 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     filename = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{cid}-{case.label}.jsonl")
     if write:
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
+    judge.forget()  # the runs of the shrinking above
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
                            config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
     return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "

@@ -54,7 +54,9 @@ __all__ = ["MAX_CONTAINERS", "MAX_DEPTH", "ReplyReader", "SandboxFailure", "boun
 MAX_DEPTH = 64
 """Arrays and objects one reply line may nest (a tagged value takes two levels per level of its own)."""
 MAX_CONTAINERS = 1 << 20
-"""Arrays and objects one reply line may hold in all (brackets inside strings count too: a bound, not a count)."""
+"""Arrays and objects one reply line may hold in all (brackets inside strings count too: a bound, not a count):
+some 200 MiB decoded at most.  The largest report of the kit's workloads holds 15,000; a search's batch line,
+a few thousand."""
 
 
 class SandboxFailure(Exception):
