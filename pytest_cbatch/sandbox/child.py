@@ -37,9 +37,7 @@ import traceback
 import types
 from typing import Any, Callable
 
-from pytest_cbatch.sandbox.protocol import (
-    decode, encode, encode_line, exited, json_default, native_copy, raised,
-)
+from .protocol import decode, encode, encode_line, exited, json_default, native_copy, raised
 
 PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
