@@ -50,8 +50,10 @@ def best(repeat: int, run: Callable[[], Any]) -> tuple[float, Any]:
 
 
 def statuses(verdicts: dict[str, Any]) -> str:
-    failed = sorted(cid for cid, v in verdicts.items() if v.status == "fail")
-    return f"failed: {', '.join(failed)}" if failed else "all pass"
+    """How many clauses have each status, and which failed."""
+    counts = {status: sum(v.status == status for v in verdicts.values()) for status in ("pass", "fail", "error", "skip")}
+    failed = sorted(cid.removeprefix("lifecycle.") for cid, v in verdicts.items() if v.status == "fail")
+    return " ".join(f"{n} {status}" for status, n in counts.items() if n) + (f" ({', '.join(failed)})" if failed else "")
 
 
 def main() -> None:
@@ -59,6 +61,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=100, help="lifecycle examples per search (grading's 100)")
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--sandbox", default="process", choices=("auto", "bwrap", "process"))
+    parser.add_argument("--only", choices=("reference", "hostile"), help="run one half of the benchmark")
     args = parser.parse_args()
     settings = Settings(max_examples=args.examples, derandomize=True, database=None, deadline=None,
                         print_blob=False, suppress_health_check=list(HealthCheck))
@@ -66,7 +69,7 @@ def main() -> None:
           f"{args.repeat}; sandbox {args.sandbox}")
     impl = IsolatedImplementation(REFERENCE, load_spec_for(REFERENCE), Limits(), mode=args.sandbox)
     try:
-        for part in PARTS:
+        for part in PARTS if args.only != "hostile" else ():
             searched, (verdicts, _) = best(args.repeat, lambda: lifecycle_verdicts_of(impl, part, settings))
             live, _ = best(args.repeat, lambda: lifecycle_verdicts(part, impl.namespace, settings))
             print(f"reference {part:<10} searched {searched:6.2f} s   live channel {live:6.2f} s "
@@ -74,7 +77,7 @@ def main() -> None:
     finally:
         impl.close()
     with tempfile.TemporaryDirectory(prefix="cbatch-bench-sandbox-") as tmp:
-        for name, source in HOSTILE.items():
+        for name, source in HOSTILE.items() if args.only != "reference" else ():
             path = Path(tmp) / f"{name.replace(' ', '_')}.py"
             path.write_text(source)
             impl = IsolatedImplementation(str(path), load_spec_for(str(path)), Limits(call_seconds=2),
