@@ -181,3 +181,21 @@ def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
 
     evaluate._contract_tests(Watched(resolve_impl("reference")), plan, "reference", tmp_path, [])
     assert len(plan.cases) > 2 and held and max(held) <= 1, max(held)
+
+
+def test_an_endless_example_of_the_childs_search_is_a_divergence_not_a_growing_grader() -> None:
+    # After the grader's own search fails, it reads the rest of the child's to judge its last example
+    # again: a child that streams one example forever is cut off at MAX_EXAMPLE_LINES lines.
+    from pytest_cbatch.sandbox.search import MAX_EXAMPLE_LINES, SearchChannel, SearchDiverged
+
+    class Endless:
+        label, generation = "submission", 1
+
+        def receive(self, family: str, generation: int) -> dict:
+            return {"seg": ["step", []]}
+
+    channel = SearchChannel(Endless(), [])  # type: ignore[arg-type]
+    channel.running = True
+    channel.ahead.append({"ex": 1})
+    with pytest.raises(SearchDiverged, match=f"more than {MAX_EXAMPLE_LINES} lines for one example"):
+        channel.finish()

@@ -49,12 +49,15 @@ from .protocol import (
 )
 from .remote import RecordChannel, RemoteNamespace
 
-__all__ = ["KIT_SECONDS", "SearchChannel", "SearchDiverged", "SearchStopped", "lifecycle_verdicts_of",
+__all__ = ["KIT_SECONDS", "MAX_EXAMPLE_LINES", "SearchChannel", "SearchDiverged", "SearchStopped", "lifecycle_verdicts_of",
            "run_search", "searched"]
 
 _T = TypeVar("_T")
 KIT_SECONDS = 60.0
 """Added to the call limit of a search's first line while the child imports the kit and Hypothesis."""
+MAX_EXAMPLE_LINES = 1 << 18
+"""Lines of one example of the child's that the grader keeps to judge again (the kit's machines make a few
+thousand at most): past it the child's search differs from the grader's."""
 
 
 class SearchDiverged(BaseException):
@@ -120,6 +123,9 @@ class SearchChannel(RecordChannel):
             if "ex" in line:
                 last = [line]
             elif of_example(line) and last is not None:
+                if len(last) >= MAX_EXAMPLE_LINES:
+                    raise self._diverged(f"the child's search wrote more than {MAX_EXAMPLE_LINES} lines for one "
+                                         f"example (the grader's MAX_EXAMPLE_LINES)")
                 last.append(line)
             else:
                 break
