@@ -179,7 +179,10 @@ def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
             held.append(len(self._runs))
             return super().run(trace, config)
 
-    evaluate._contract_tests(Watched(resolve_impl("reference")), plan, "reference", tmp_path, [])
+    judge = Watched(resolve_impl("reference"))
+    rubric = load_rubric(None)
+    evaluate._contract_tests({"visible": judge, "hidden": judge}, evaluate.contract_clauses(rubric), plan,
+                             "reference", tmp_path, [])
     assert len(plan.cases) > 2 and held and max(held) <= 1, max(held)
 
 

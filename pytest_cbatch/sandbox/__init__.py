@@ -6,7 +6,11 @@ package is in layers, each importing only those below it (docs/sandbox.md):
 
 - ``protocol``: the wire format both sides share, and the grader's bounds
   on every line the child writes (standard library only);
-- ``limits`` and ``bwrap``: what a child may use, and its containment;
+- ``limits``, ``bwrap``, ``files``, ``guard`` and ``program``: what a child
+  may use, its containment, the submission's copy (made without following a
+  link), the watch on a submission's uses of the kit's own code, and a
+  submission that is a program (the last two standard library only: the
+  child loads them by path);
 - ``remote``: a submission's objects seen through a channel (both sides);
 - the child's side: ``child`` (the process's entry point and its server)
   and ``child_search`` (a lifecycle search run ahead in the child);
@@ -26,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode
+    from .guard import KitGuard
     from .limits import Limits
     from .process import LoadSpec, NotContained, Sandbox
     from .protocol import SandboxFailure
@@ -35,7 +40,7 @@ if TYPE_CHECKING:
 
 _HOMES = {
     "SANDBOX_MODES": "bwrap", "bwrap_problem": "bwrap", "resolve_mode": "bwrap",
-    "Limits": "limits",
+    "KitGuard": "guard", "Limits": "limits",
     "LoadSpec": "process", "NotContained": "process", "Sandbox": "process",
     "SandboxFailure": "protocol",
     "IsolatedImplementation": "proxies", "load_spec_for": "proxies", "submission_files": "proxies",

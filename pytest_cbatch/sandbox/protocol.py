@@ -17,10 +17,13 @@ UTF-8, not JSON or not an object, or that the decoder cannot finish
 that submission, never the grader.
 
 Replies.  ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``, ``"plain"``
-or ``"method"``), ``{"raised": {type, builtin, message}}`` (``raised``),
+or ``"method"``), ``{"raised": {type, builtin, message, stack}}`` (``raised``),
 ``{"exited": code}`` (``exited``), ``{"unsupported": message}``, ``{"memory":
-message}``; the first line describes what the child loaded
-(``{"ok": {...}}``) or says ``{"load_failed": ...}``.
+message}``, ``{"broken": message}`` (a program's output that is no report); the
+first line describes what the child loaded (``{"ok": {...}}``) or says
+``{"load_failed": ...}``.  Between replies the child may write lines that are
+none: ``{"kit": {...}}`` (the guard's report of a use of the kit's code) and
+``{"stack": text}`` (where a long call is).
 
 Values.  JSON with tags: ``{"$tuple": [...]}``, ``{"$set": [...]}``,
 ``{"$dict": [[key, value], ...]}``, and ``{"$handle": n, "$type": name}`` for
@@ -62,9 +65,10 @@ a few thousand."""
 class SandboxFailure(Exception):
     """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, stack: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        self.stack = stack  # a timeout's: the submission's stack shortly before its limit (``child.StopWatch``)
 
 
 # --------------------------------------------------------------------- framing
@@ -73,8 +77,11 @@ class SandboxFailure(Exception):
 class ReplyReader:
     """The grader's reader of the child's reply pipe: bytes in (``feed``), bounded replies out (``pop``)."""
 
-    def __init__(self, label: str, max_bytes: int, limit_name: str = "limit reply_mb") -> None:
-        self.label, self.max_bytes, self.limit_name = label, max_bytes, limit_name
+    def __init__(self, label: str, max_bytes: int, limit_name: str = "limit reply_mb",
+                 aside: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """``aside(line)`` sees each line first (not a batch's lines) and says whether it took it: a line that
+        is no reply (the guard's ``{"kit": ...}``, a ``{"stack": ...}``)."""
+        self.label, self.max_bytes, self.limit_name, self.aside = label, max_bytes, limit_name, aside
         self._buffer = bytearray()
         self._searched = 0          # bytes of the buffer known to hold no newline
         self._ready: collections.deque[dict[str, Any]] = collections.deque()
@@ -106,6 +113,8 @@ class ReplyReader:
                                 self._buffer)
 
     def _add(self, reply: dict[str, Any]) -> None:
+        if self.aside is not None and self.aside(reply):
+            return
         batch = reply.get("batch")
         if batch is None:
             self._ready.append(reply)
@@ -284,10 +293,12 @@ def exited(exc: SystemExit) -> dict[str, Any]:
     return {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
 
 
-def raised(exc: BaseException) -> dict[str, Any]:
-    """The reply that says the submission raised ``exc``: its type, the built-in it derives from, its message."""
+def raised(exc: BaseException, stack: str = "") -> dict[str, Any]:
+    """The reply that says the submission raised ``exc``: its type, the built-in it derives from, its message,
+    and ``stack``, its traceback (``child.own_stack``), if any."""
     base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
-    return {"raised": {"type": type(exc).__name__, "builtin": base.__name__, "message": str(exc)[:2000]}}
+    out = {"type": type(exc).__name__, "builtin": base.__name__, "message": str(exc)[:2000]}
+    return {"raised": {**out, "stack": stack} if stack else out}
 
 
 # ------------------------------------------------------------ a search's lines
