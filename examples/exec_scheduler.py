@@ -5,7 +5,8 @@ Check it from the repository root, with nothing installed but the kit::
 
     pytest --cbatch-impl="exec:python examples/exec_scheduler.py"
 
-The protocol, for a scheduler written in any language:
+The protocol, for a scheduler written in any language, in short (the whole of it, every
+statement pinned by a test, is ``docs/exec-protocol.md``):
 
 * **Input.**  One JSON object on stdin: ``{"trace": [...], "config": {...}}``.
   ``trace`` is the list of trace lines (``{"time", "event": "arrival", "id",

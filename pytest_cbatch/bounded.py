@@ -31,9 +31,9 @@ uncontended lock (a few microseconds); the watchdog sleeps while no call runs.
 Memory is the process's resident set size (``/proc/self/statm``; elsewhere the
 peak RSS from ``getrusage``), sampled every poll: an allocation loop is
 stopped within about one poll of crossing the limit, so it overshoots by what
-it allocates in ``POLL_SECONDS``.  The growth is measured from the RSS just
-before the call began (sampled when the call starts after an idle spell, else
-the watchdog's most recent sample).
+it allocates in ``POLL_SECONDS``.  The growth is measured from the RSS sampled
+as the call begins (not the watchdog's latest sample, which may be the peak of
+a call stopped a moment ago, whose memory has been given back since).
 
 Last resort, for code that ignores the interruption (a C extension that holds
 the GIL in a loop, a blocking call that is restarted, code that swallows
@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import _signal  # getsignal without the enum conversion of signal.getsignal: this runs on every call
 import faulthandler
+import math
 import os
 import signal
 import sys
@@ -62,13 +63,15 @@ from types import CodeType, FrameType, TracebackType
 from typing import Any, Callable, Iterable, TypeVar
 
 __all__ = ["Bounds", "CallStopped", "CallTimedOut", "DEFAULT_MEMORY_MIB", "DEFAULT_SECONDS", "bounded_machine", "call",
-           "configure_last_resort", "crash_traceback", "implementation_frames", "last_stop", "span"]
+           "configure_last_resort", "crash_traceback", "implementation_frames", "last_stop", "parse_limit", "span"]
 
 DEFAULT_SECONDS = 60.0
 """Default time limit of one call (one ``simulate`` run, one lifecycle example)."""
 
-DEFAULT_MEMORY_MIB = 4096
-"""Default limit on how much one call may grow the process's resident memory, in MiB."""
+DEFAULT_MEMORY_MIB = 1024
+"""Default limit on how much one call may grow the process's resident memory, in MiB: a runaway's whole
+run stays under 2 GiB (a stopped call's memory is given back); an engine that needs more declares it
+(``CBATCH_LIMITS``)."""
 
 POLL_SECONDS = 0.05
 RESEND_SECONDS = 0.25
@@ -78,6 +81,22 @@ EXIT_STATUS = 70
 
 _T = TypeVar("_T")
 _KIT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def parse_limit(value: Any, option: str, unit: str) -> float:
+    """A limit the user typed (``--timeout``, ``cbatch_memory``, ...) as seconds or MiB; 0 means no limit.
+
+    ValueError, naming ``option``, for anything but a finite number >= 0: ``nan`` compares false with
+    every bound and ``inf`` never fires, so either would silently turn the limit off, as would a
+    negative one; "no limit" is said with 0 only.
+    """
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{option} must be 0 (no limit) or a positive, finite number of {unit}, got {value!r}")
+    return number
 
 
 @dataclass(frozen=True)
@@ -101,10 +120,10 @@ class Bounds:
     def declared(self, limits: Any) -> "Bounds":
         """These bounds with an implementation's declared ``CBATCH_LIMITS`` (a mapping with ``seconds`` and/or
         ``memory_mib``, e.g. an engine whose first call starts it) applied to the limits left at default."""
-        if not isinstance(limits, dict):
+        if type(limits) is not dict:  # declared by the implementation: plain data only (see plain.py)
             return self
-        chosen = {k: float(v) for k, v in limits.items() if k in self.defaults and isinstance(v, (int, float))
-                  and not isinstance(v, bool) and v >= 0}
+        chosen = {k: float(v) for k, v in limits.items() if k in self.defaults and type(v) in (int, float)
+                  and 0 <= v < 1e12}
         return replace(self, **chosen) if chosen else self
 
     @property
@@ -174,11 +193,10 @@ class _Watchdog:
             self.thread.start()
         if scope.main and _SIGNAL is not None and _signal.getsignal(_SIGNAL) is not _on_signal:
             _install_handler()
-        if not self.wake.is_set():  # waking from idle: take a fresh baseline here, before the call
-            if scope.bounds.memory_mib > 0:
-                self.rss = _rss()
-            if scope.bounds.seconds > 0:
-                self._arm_last_resort(scope.bounds.seconds)
+        if scope.bounds.memory_mib > 0:  # this call's own baseline: the last sample may be a stopped call's peak
+            scope.rss0 = _rss()
+        if not self.wake.is_set() and scope.bounds.seconds > 0:  # waking from idle
+            self._arm_last_resort(scope.bounds.seconds)
         self.scopes[scope.thread] = scope
         if not self.wake.is_set():  # checked after registering: the watchdog clears it, then looks for scopes
             self.wake.set()
@@ -212,10 +230,7 @@ class _Watchdog:
             with self.lock:
                 scopes = list(self.scopes.values())
                 if any(s.bounds.memory_mib > 0 for s in scopes):
-                    previous, self.rss = self.rss, _rss()
-                    for scope in scopes:
-                        if scope.rss0 is None:
-                            scope.rss0 = previous or self.rss
+                    self.rss = _rss()
                 now = time.monotonic()
                 for scope in scopes:
                     self._check(scope, now)
@@ -394,13 +409,21 @@ def call(fn: Callable[..., _T], *args: Any, bounds: Bounds | None = None, **kwar
             result = fn(*args, **kwargs)
         finally:
             _WATCHDOG.leave(scope)
-    except BaseException:
-        if scope.stop is not None:  # whatever the implementation turned the interruption into
-            raise scope.stop from None
-        raise
-    if scope.stop is not None:  # it caught the interruption and returned
-        raise scope.stop
+    except BaseException as exc:
+        if scope.stop is None:
+            raise
+        _forget(exc)  # whatever the implementation turned the interruption into
+    if scope.stop is not None:  # raised here, outside the handler: nothing of the stopped call comes along
+        raise _forget(scope.stop)
     return result
+
+
+def _forget(exc: BaseException) -> BaseException:
+    """``exc`` without its traceback, the frames it held cleared: a stopped call's locals (all it allocated)
+    are given back at once, not when a collection finds the cycle, and the stack lives on as text only."""
+    traceback.clear_frames(exc.__traceback__)
+    exc.__traceback__ = None
+    return exc
 
 
 _ENTRY = call.__code__
@@ -434,8 +457,10 @@ class span:
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         stopped = self.close()
+        if stopped is not None and exc is not None:
+            _forget(exc)
         if stopped is not None and exc is not stopped:
-            raise stopped from None
+            raise _forget(stopped) from None
 
 
 def bounded_machine(cls: type[_T], bounds: Bounds) -> type[_T]:

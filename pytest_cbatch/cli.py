@@ -3,6 +3,7 @@
     cbatch simulate [options]                 run the reference scheduler (see --help)
     cbatch check --impl SPEC [--trace T] ...  run an implementation and check every clause
     cbatch check --report R.json [--trace T]  check a recorded report
+    cbatch explain --impl SPEC [--trace T] --html OUT   draw a run as an HTML page (--lifecycle PART: a part)
     cbatch schema [NAME]                      list the schemas, or print one
     cbatch clauses                            the contract clause table
     cbatch impls                              installed implementations
@@ -13,8 +14,9 @@
     cbatch load --concurrency 1 2 4 ...       load sweep with vLLM bench serve's metrics (live extra)
     cbatch invariance --max-batch N           batch-invariance sweep over HTTP (live extra)
 
-``cbatch check`` exits 0 only when every clause holds, 1 when one is violated,
-and 2 on bad input (unreadable files, invalid trace, unknown SPEC).
+``cbatch check`` exits 0 only when every clause it judged holds and it judged one, 1 when one is
+violated or nothing was judged, and 2 on bad input (unreadable files, invalid trace, unknown SPEC or
+setting, a limit that is not a finite number >= 0).
 """
 
 from __future__ import annotations
@@ -41,36 +43,66 @@ def _check_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cbatch check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Check a scheduler against the contract: run an implementation on a trace (--impl), or check "
-                    "a report recorded elsewhere (--report). Exit 0 when every clause holds, 1 when one is "
-                    "violated, 2 on bad input.")
+                    "a report recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is "
+                    "violated or nothing was judged, 2 on bad input.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--impl", metavar="SPEC", help="run this implementation (same SPEC forms as --cbatch-impl)")
     source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything "
                                                          "(needs --trace unless it is a report of the demo trace)")
     parser.add_argument("--trace", metavar="JSONL", help="the workload (with --impl, default: the built-in demo trace)")
     parser.add_argument("--clause", action="append", metavar="ID", help="check only these clauses (repeatable)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_SECONDS, metavar="SECONDS",
+    parser.add_argument("--course", action="store_true",
+                        help="also check clause course_results: the exact results the course states and its "
+                             "published simulator gives, under reserve admission (for a course assignment; an "
+                             "engine's policy differs by design)")
+    parser.add_argument("--timeout", type=_limit("--timeout", "seconds"), default=DEFAULT_SECONDS, metavar="SECONDS",
                         help="time limit of one run of the implementation (in process or exec:); 0: none")
-    parser.add_argument("--memory", type=float, default=DEFAULT_MEMORY_MIB, metavar="MIB",
+    parser.add_argument("--memory", type=_limit("--memory", "MiB"), default=DEFAULT_MEMORY_MIB, metavar="MIB",
                         help="how much one in-process run may grow this process's memory, in MiB; 0: no limit")
     parser.add_argument("--tick-seconds", type=float, default=0.05, metavar="SECONDS",
                         help="seconds per trace tick against an http:// live server")
+    parser.add_argument("--model", metavar="NAME",
+                        help="the model an http:// live server is asked for (default: the one /v1/models lists; "
+                             "needed when it lists none or several)")
     for name in ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay"):
         parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, metavar="N",
                             help=f"default {DEFAULT_CONFIG[name]} (with --report: the report's own config)")
     parser.add_argument("--policy", choices=["continuous", "serial"], help="default continuous")
     parser.add_argument("--admission", choices=["reserve", "optimistic"], help="default reserve")
     parser.add_argument("--config-json", metavar="JSON", help="settings as a JSON object, over the flags, passed "
-                        "as they are (with --clause invalid_input_refused: an invalid config to be refused)")
+                        "as they are (with --clause invalid_input_refused: an invalid config to be refused; "
+                        "otherwise an unknown setting is a usage error)")
+    parser.add_argument("--honour-claims", action="store_true",
+                        help="with --report: the report comes from a live server's client or an engine adapter "
+                             "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
+                             "narrow what is judged (without it they are schema_valid violations and every clause "
+                             "is judged)")
+    parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane per "
+                        "request, the KV pages, each violation marked (open it in a browser)")
     return parser
+
+
+def _limit(option: str, unit: str) -> Any:
+    """An argparse type for a limit: a finite number >= 0 (see ``bounded.parse_limit``)."""
+    from .bounded import parse_limit
+
+    def parse(text: str) -> float:
+        try:
+            return parse_limit(text, option, unit)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
 
 
 def _raw_trace(path: str) -> list[Any]:
     """The JSONL lines of ``path`` as they are, unvalidated: the input of an invalid_input_refused replay."""
     with open(path, encoding="utf-8") as fh:
         lines = [line for line in fh if line.strip()]
+    from .plain import loads
+
     try:
-        return [json.loads(line) for line in lines]
+        return [loads(line) for line in lines]
     except ValueError as exc:
         raise ValueError(f"{path}: not JSON lines: {exc}") from None
 
@@ -91,7 +123,8 @@ def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) 
         print(line)
     if result.status == "skip":
         print(f"skip  invalid_input_refused: {result.reason}")
-        return 0
+        print("FAILED: nothing judged: the implementation did not answer the invalid input")
+        return 1
     if result.status == "fail":
         print("FAILED: 1 of 1 clauses violated: invalid_input_refused")
         return 1
@@ -117,50 +150,73 @@ def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any
     return "the report " + " and ".join(p for p in parts if p)
 
 
-def _check(argv: list[str]) -> int:
-    from .contract import CLAUSES, check_report, clause_ids, unobservable
+def _check(argv: list[str], prog: str = "cbatch check") -> int:
+    from .contract import CLAUSES, check_report, clause_ids, out_of_scope, unobservable
     from .explain import stack_lines, timeline
     from .impls import ImplementationError, resolve_impl
-    from .reference.scheduler_sim import demo_trace, load_trace, validate_trace
-    from .runner import ALL_CLAUSES, Judge
+    from .contract import CLAIMS
+    from .plain import NotPlain, loads, plain
+    from .reference.scheduler_sim import CONFIG_CHOICES, demo_trace, load_trace, validate_trace
+    from .runner import ALL_CLAUSES, OPT_IN_CLAUSES, Judge, judged_clauses
+    from .spelling import unknown_name
     from .workloads import BASE_CONFIG
 
-    args = _check_parser().parse_args(argv)
+    parser = _check_parser()
+    parser.prog = prog
+    args = parser.parse_args(argv)
     wanted = args.clause or None
-    unknown = [c for c in wanted or () if c not in ALL_CLAUSES]
+    opt_in = OPT_IN_CLAUSES if args.course else ()
+    unknown = [c for c in wanted or () if c not in judged_clauses(OPT_IN_CLAUSES)]
     if unknown:
-        print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids())}", file=sys.stderr)
+        print(f"error: unknown clause {unknown[0]!r}; known: {', '.join(clause_ids(OPT_IN_CLAUSES))}",
+              file=sys.stderr)
         return 2
     given = {k: getattr(args, k) for k in (*BASE_CONFIG, "admission") if getattr(args, k) is not None}
     if args.config_json:
         try:
-            extra = json.loads(args.config_json)
-        except ValueError as exc:
-            print(f"error: --config-json: not JSON: {exc}", file=sys.stderr)
+            extra = loads(args.config_json)
+        except NotPlain as exc:
+            print(f"error: --config-json: {exc.problem if not exc.path else exc}", file=sys.stderr)
             return 2
         if not isinstance(extra, dict):
             print("error: --config-json: a JSON object of settings, e.g. '{\"capacity\": 0}'", file=sys.stderr)
             return 2
         given.update(extra)
+    try:
+        plain(given)
+    except NotPlain as exc:
+        print(f"error: setting {exc.path[1:]}: {exc.problem}", file=sys.stderr)
+        return 2
     if wanted and "invalid_input_refused" in wanted and (len(set(wanted)) > 1 or args.report):
         print("error: --clause invalid_input_refused is checked alone, with --impl (its input is invalid on "
               "purpose)", file=sys.stderr)
+        return 2
+    unknown_key = next((k for k in given if k not in CONFIG_CHOICES), None)
+    if unknown_key is not None and not (wanted and "invalid_input_refused" in wanted):
+        print(f"error: --config-json: {unknown_name('setting', unknown_key, CONFIG_CHOICES)}", file=sys.stderr)
+        return 2
+    if args.honour_claims and not args.report:
+        print("error: --honour-claims is for --report; with --impl the implementation's kind decides",
+              file=sys.stderr)
         return 2
     skipped: dict[str, list[str]] = {}
     stack, stopped = "", False
     try:
         if wanted and "invalid_input_refused" in wanted:
+            if args.html:
+                print("note: no picture of invalid_input_refused: its input is refused before any schedule exists")
             return _check_refusal(args, resolve_impl(args.impl, bounds=_check_bounds(args, argv),
-                                                     tick_seconds=args.tick_seconds, option="--impl"),
+                                                     tick_seconds=args.tick_seconds, model=args.model,
+                                                     option="--impl"),
                                   {**BASE_CONFIG, **given})
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
         trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
             f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
         if args.report:
             try:
-                with open(args.report, encoding="utf-8") as fh:
-                    report = json.load(fh)
-            except ValueError as exc:  # invalid JSON or not UTF-8
+                with open(args.report, "rb") as fh:
+                    report = loads(fh.read())
+            except ValueError as exc:  # not UTF-8, not JSON, or not plain, bounded data (NotPlain)
                 raise ValueError(f"{args.report}: not a JSON report: {exc}") from None
             if not isinstance(report, dict):
                 raise ValueError(f"{args.report}: a report is a JSON object, got {type(report).__name__}")
@@ -170,24 +226,29 @@ def _check(argv: list[str]) -> int:
                         "is it the trace the report was made from?")
                 raise ValueError(f"{args.report} is not a report of {trace_name}: {mismatch}; {hint}")
             print(f"trace: {trace_name}")
-            violations = check_report(report, trace, given, clauses=wanted)
+            if args.course or "course_results" in (wanted or ()):
+                given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
+            honoured = CLAIMS if args.honour_claims else frozenset()
+            violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in, honoured=honoured,
+                                      claimant=f"a recorded report ({args.report}) unless --honour-claims says "
+                                               f"where it comes from")
             checked = []
-            for cid in wanted or clause_ids():
+            for cid in wanted or clause_ids(opt_in):
                 if cid not in CLAUSES:
                     continue
-                hidden = unobservable(cid, report)
+                hidden = unobservable(cid, report, honoured) or out_of_scope(cid, given)
                 if hidden:
                     skipped.setdefault(hidden, []).append(cid)
                 else:
                     checked.append(cid)
         else:
             impl = resolve_impl(args.impl, bounds=_check_bounds(args, argv), tick_seconds=args.tick_seconds,
-                                option="--impl")
+                                model=args.model, option="--impl")
             print(f"trace: {trace_name}")
             config = {**BASE_CONFIG, **given}
             judge = Judge(impl)
             violations, checked, report = [], [], None
-            for cid in wanted or ALL_CLAUSES:
+            for cid in wanted or judged_clauses(opt_in):
                 if cid == "invalid_input_refused":
                     continue
                 result = judge.judge(cid, trace, config)
@@ -202,6 +263,8 @@ def _check(argv: list[str]) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     failed = sorted({v.clause for v in violations})
+    if args.html:
+        print(_draw(args.html, argv, trace, report, violations, checked))
     for v in violations:
         print(v)
     for line in stack_lines(stack, stopped):
@@ -213,11 +276,104 @@ def _check(argv: list[str]) -> int:
     for reason, clauses in skipped.items():  # one line per reason: a crash does not bury itself under 32 skips
         print(f"skip  {clauses[0]}: {reason}" if len(clauses) == 1 else
               f"skip  {len(clauses)} clauses ({_few(clauses)}): {reason}")
+    unjudged = [c for c in wanted or ALL_CLAUSES if c not in checked and not any(c in v for v in skipped.values())]
+    if unjudged:  # not run by this command at all: say so, so the counts add up to the contract's
+        print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
+              if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
+                                  f"check it alone with --clause invalid_input_refused)")
+    counted = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
     if failed:
-        print(f"FAILED: {len(failed)} of {len(checked)} clauses violated: {', '.join(failed)}")
+        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
         return 1
-    print(f"OK: all {len(checked)} clauses hold")
+    if not checked:
+        print(f"FAILED: nothing judged: none {counted} was judged on this trace (the skip lines above say why); "
+              f"a run that judged nothing proves nothing")
+        return 1
+    print(f"OK: all {len(checked)} clauses judged ({counted}) hold")
     return 0
+
+
+def _recorded_settings(report: dict[str, Any]) -> dict[str, Any]:
+    """The scheduler settings a recorded report's config names (what ``--report`` checks it against)."""
+    from .reference.scheduler_sim import CONFIG_CHOICES
+
+    config = report.get("config")
+    return {k: v for k, v in config.items() if k in CONFIG_CHOICES} if isinstance(config, dict) else {}
+def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report: Any,
+          violations: Sequence[Any], checked: Sequence[str]) -> str:
+    """Write the page of one checked run to ``out``; the line that names it."""
+    import shlex
+
+    from .picture import schedule_page
+
+    failed = sorted({v.clause for v in violations})
+    statement = (f"{len(failed)} of {len(checked)} clauses violated: {', '.join(failed)}" if failed else
+                 f"all {len(checked)} clauses checked hold")
+    rest = [a for i, a in enumerate(argv) if a != "--html" and not a.startswith("--html=")
+            and (i == 0 or argv[i - 1] != "--html")]
+    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{len(trace)} trace lines, {statement}",
+                         report=report if isinstance(report, dict) else None, violations=violations, trace=trace,
+                         replay="cbatch check " + " ".join(shlex.quote(a) for a in rest))
+    with open(out, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    return f"picture: {os.path.abspath(out)} (open it in a browser)"
+
+
+def _explain(argv: list[str]) -> int:
+    """``cbatch explain``: ``cbatch check --html OUT`` for a trace, or a lifecycle part's page (``--lifecycle``)."""
+    if "--lifecycle" in argv or any(a.startswith("--lifecycle=") for a in argv):
+        return _explain_lifecycle(argv)
+    if not any(a == "--html" or a.startswith("--html=") for a in argv) and not {"-h", "--help"} & set(argv):
+        print("error: cbatch explain needs --html OUT (the page to write); cbatch check prints the text alone",
+              file=sys.stderr)
+        return 2
+    return _check(argv, prog="cbatch explain")
+
+
+def _explain_lifecycle(argv: list[str]) -> int:
+    import shlex
+
+    from .impls import ImplementationError, resolve_impl
+    from .lifecycle import PARTS, lifecycle_verdicts, missing_parts
+    from .picture import lifecycle_page
+
+    parser = argparse.ArgumentParser(prog="cbatch explain --lifecycle",
+                                     description="Judge one lifecycle part and draw its failing clauses' step "
+                                                 "scripts (the failing step marked, the pool after each step).")
+    parser.add_argument("--impl", metavar="SPEC", required=True, help="the implementation (as --cbatch-impl)")
+    parser.add_argument("--lifecycle", metavar="PART", required=True, choices=list(PARTS), help="the part to judge")
+    parser.add_argument("--html", metavar="OUT", required=True, help="the page to write")
+    parser.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                        help="time limit of one example's calls into the implementation; 0: none")
+    parser.add_argument("--examples", type=int, default=100, metavar="N",
+                        help="Hypothesis examples per search (derandomized, as the ci profile)")
+    args = parser.parse_args(argv)
+    try:
+        impl = resolve_impl(args.impl, option="--impl")
+    except ImplementationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    missing = missing_parts(impl.namespace).get(args.lifecycle)
+    if missing:
+        print(f"error: lifecycle {args.lifecycle}: {missing}", file=sys.stderr)
+        return 2
+    from hypothesis import settings
+
+    from .bounded import Bounds
+
+    profile = settings(max_examples=max(1, args.examples), derandomize=True, database=None, deadline=None)
+    verdicts = lifecycle_verdicts(args.lifecycle, impl.namespace, profile,
+                                  bounds=Bounds(seconds=args.timeout, time_option="--timeout"))
+    failed = [(cid, v.message) for cid, v in verdicts.items() if v.status == "fail"]
+    rerun = "cbatch explain " + " ".join(shlex.quote(a) for a in ("--impl", args.impl, "--lifecycle", args.lifecycle,
+                                                                   "--examples", str(args.examples), "--html", args.html))
+    with open(args.html, "w", encoding="utf-8") as fh:
+        fh.write(lifecycle_page(heading=f"lifecycle {args.lifecycle}: {len(failed)} of {len(verdicts)} clauses "
+                                        f"fail with {args.impl}", failures=failed, rerun=rerun))
+    for cid, v in verdicts.items():
+        print(f"{v.status:5} {cid}" + (f": {v.message.splitlines()[0]}" if v.status != "pass" else ""))
+    print(f"picture: {os.path.abspath(args.html)} (open it in a browser)")
+    return 1 if failed or any(v.status == "error" for v in verdicts.values()) else 0
 
 
 def _check_bounds(args: argparse.Namespace, argv: Sequence[str]) -> Any:
@@ -277,18 +433,38 @@ def _clauses(argv: list[str]) -> int:
     if args.markdown:
         sys.stdout.write(clause_table())
         return 0
+    default = [c for c in CLAUSES.values() if not c.opt_in]
+    opt_in = [c for c in CLAUSES.values() if c.opt_in]
+    print(f"# the contract's {1 + len(default) + len(RUNNER_CLAUSES)} clauses: completes, {len(default)} judged on "
+          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself"
+          + (f"; then {len(opt_in)} judged only when asked for" if opt_in else ""))
     print(f"completes: {COMPLETES_STATEMENT}")
-    for c in list(CLAUSES.values()) + list(RUNNER_CLAUSES.values()):
-        print(f"{c.id}: {c.statement}")
+    for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
+        print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))
     return 0
 
 
 def _impls(argv: list[str]) -> int:
-    from .impls import available_impls
+    from importlib.metadata import entry_points
 
-    argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.").parse_args(argv)
-    for name, target in sorted(available_impls().items()):
-        print(f"{name} = {target}")
+    from .impls import KIND_GROUP, ImplementationError, available_impls, available_kinds
+
+    parser = argparse.ArgumentParser(prog="cbatch impls", description="List installed implementations.")
+    parser.add_argument("--kinds", action="store_true",
+                        help=f"list the SPEC forms instead: the kinds registered in {KIND_GROUP}, in the order "
+                             f"they are asked")
+    if not parser.parse_args(argv).kinds:
+        for name, target in sorted(available_impls().items()):
+            print(f"{name} = {target}")
+        return 0
+    try:
+        kinds = available_kinds()
+    except ImplementationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    targets = {ep.name: ep.value for ep in entry_points(group=KIND_GROUP)}
+    for name, kind in kinds:
+        print(f"{kind.order:>4} {name} = {targets[name]}" + (f"  ({kind.form})" if kind.form else ""))
     return 0
 
 
@@ -349,6 +525,8 @@ def _live(name: str) -> Any:
 COMMANDS: dict[str, tuple[Any, str]] = {
     "simulate": (_simulate, "run the reference scheduler on a trace and print its report"),
     "check": (_check, "check an implementation (--impl) or a recorded report (--report) against the contract"),
+    "explain": (_explain, "draw a run (cbatch check's options, --html OUT) or a lifecycle part (--lifecycle PART) "
+                          "as an HTML page"),
     "schema": (_schema, "list the JSON schemas, or print one"),
     "clauses": (_clauses, "print the contract clause table"),
     "impls": (_impls, "list the installed implementations (entry points)"),

@@ -125,6 +125,10 @@ def load_expectations(path: str | Path) -> Expectations:
         raise ExpectError(f"{name}: cannot read the expectations file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ExpectError(f"{name}: invalid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ExpectError(f"{name}: not UTF-8 text (byte {exc.start + 1})") from None
+    except RecursionError:
+        raise ExpectError(f"{name}: invalid TOML: nested too deeply") from None
     unknown = sorted(set(data) - {"strict", "expect"})
     if unknown:
         raise ExpectError(f"{name}: unknown top-level key {unknown[0]!r} (known: strict, expect)")

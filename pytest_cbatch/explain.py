@@ -54,11 +54,11 @@ def timeline(report: Mapping[str, Any], rid: str, limit: int = 24) -> str:
             parts.append(f"{span} decode x{decode_n}")
             decode_from, decode_n = None, 0
 
-    for ev in report.get("events", []):
+    for ev in _objects(report.get("events") if isinstance(report, dict) else None):  # a report may fail its schema
         kind = ev.get("event")
         t = ev.get("time")
         if kind == "dispatch":
-            for row in ev.get("work", []):
+            for row in _objects(ev.get("work")):
                 if row.get("id") != rid:
                     continue
                 if row.get("phase") == "decode":
@@ -81,6 +81,11 @@ def timeline(report: Mapping[str, Any], rid: str, limit: int = 24) -> str:
     if len(parts) > limit:
         parts = parts[: limit // 2] + [f"... {len(parts) - limit} more ..."] + parts[-(limit // 2):]
     return f"{rid}: " + " | ".join(parts) if parts else f"{rid}: (no events)"
+
+
+def _objects(items: Any) -> list[dict[str, Any]]:
+    """The JSON objects in ``items`` when it is a list (a report that fails schema_valid still gets a timeline)."""
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
 
 
 def stack_lines(stack: str, stopped: bool) -> list[str]:

@@ -1,19 +1,23 @@
-"""Resolving ``--cbatch-impl SPEC`` to an implementation the kit can run.
+"""Resolving ``--cbatch-impl SPEC`` to an implementation the kit can run: the core.
 
-SPEC forms, tried in this order:
+This module defines what every implementation is (:class:`Implementation`, the
+outcomes of a run, the in-process :class:`PythonImplementation`) and resolves a
+SPEC through the *kinds* registered in the entry-point group
+``pytest_cbatch.kinds`` (:data:`KIND_GROUP`).  It imports no kind: each is
+loaded from its entry point when a SPEC is resolved, and a kind's own module
+imports its transport (``live``, a subprocess, the course's file layout) only
+when it builds an implementation.  A third party adds a SPEC form by
+registering a :class:`Kind` there (``docs/kinds.md``).
 
-* ``http://HOST:PORT[/v1]`` — a live OpenAI-compatible server (the ``live`` extra).
-* ``exec:COMMAND`` — any language: the kit writes ``{"trace": [...], "config":
-  {...}}`` as JSON on the command's stdin and reads the report JSON from its
-  stdout.  Exit 0 means a report; exit 3 means "setting not supported" (stderr
-  is the reason; the test is skipped); any other non-zero exit means the input
-  was refused (stderr is the message).  Runs in a new process session under
-  the time limit; on a timeout the whole session (the command and every
-  process it started) is killed, and so is anything it leaves behind.
-* ``path/to/file.py`` — that file as a module, loaded without installing it;
-  ``path/to/file.py:attr`` — an object in it.  The file's folder is first on
-  sys.path while it is imported, so ``from scheduler_sim import PagedKV``
-  beside it finds the sibling file.
+The built-in kinds, asked in this order (``Kind.order``; the first that claims
+the SPEC builds it):
+
+* ``http://HOST:PORT[/v1]`` — a live OpenAI-compatible server (the ``live`` extra;
+  :mod:`pytest_cbatch.kinds.live`).
+* ``exec:COMMAND`` — any language over stdin and stdout (:mod:`pytest_cbatch.kinds.command`;
+  the protocol is ``docs/exec-protocol.md``).
+* ``path/to/file.py[:attr]`` — that file as a module (or an object in it), loaded
+  without installing it, its folder first on sys.path while it is imported.
 * ``package.module:attr`` — an importable object.
 * ``path/to/folder`` — a submission in the course's layout: its
   ``scheduler_sim.py`` and/or ``scheduler_faults.py``, merged.
@@ -37,29 +41,25 @@ on its first call, say).
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.util
 import inspect
-import json
-import os
-import shlex
-import signal
-import subprocess
-import sys
 import time
-import types
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Sequence
 
 from . import bounded
 from .bounded import Bounds
+from .breaker import Breaker
+from .plain import NotPlain, describe, exception_text, plain
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "Implementation", "ImplementationError", "Refused", "Unsupported",
-    "BrokenOutput", "RunOutcome", "Stopped", "available_impls", "resolve_impl",
+    "ENTRY_POINT_GROUP", "KIND_GROUP", "Implementation", "ImplementationError", "Kind", "PythonImplementation",
+    "Refused", "SpecRequest", "Unsupported", "BrokenOutput", "RunOutcome", "Stopped", "available_impls",
+    "available_kinds", "resolve_impl",
 ]
 
 ENTRY_POINT_GROUP = "pytest_cbatch.impls"
+KIND_GROUP = "pytest_cbatch.kinds"
 LIFECYCLE_PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 
 
@@ -76,11 +76,12 @@ class Refused(Exception):
 
 
 class Stopped(Exception):
-    """The call was stopped for a limit (time or memory); ``stack`` is the implementation's stack then."""
+    """The call was stopped for a limit (``reason``: ``"time"`` or ``"memory"``); ``stack`` is the
+    implementation's stack then."""
 
-    def __init__(self, message: str, stack: str = "") -> None:
+    def __init__(self, message: str, stack: str = "", reason: str = "time") -> None:
         super().__init__(message)
-        self.stack = stack
+        self.stack, self.reason = stack, reason
 
 
 class Unsupported(Exception):
@@ -113,6 +114,10 @@ class Implementation:
     namespace: Any       # the module or object the user pointed at (lifecycle parts live here)
     replay_spec: str = ""  # the SPEC for replay commands: file and folder paths made absolute
     bounds: Bounds | None = None  # the in-process limits of its calls (None: it bounds itself, e.g. a process)
+    # The report claims (contract.CLAIMS) this kind may make: none, unless the kind is a live server or the
+    # resolver trusts it (an engine adapter registered as an entry point); the report itself never decides.
+    claims: frozenset[str] = frozenset()
+    breaker: Breaker | None = None  # when set, calls fail at once after a run of calls stopped at the time limit
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
@@ -127,6 +132,8 @@ class Implementation:
         reason = self.unsupported_reason(config)
         if reason:
             return RunOutcome(None, unsupported=reason)
+        if self.breaker is not None and self.breaker.tripped:
+            return RunOutcome(None, stopped=self.breaker.tripped)
         given_trace, given_config = copy.deepcopy(list(trace)), copy.deepcopy(dict(config))
         start = time.perf_counter()
         try:
@@ -134,19 +141,27 @@ class Implementation:
         except Unsupported as exc:
             return RunOutcome(None, unsupported=str(exc))
         except Refused as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except Stopped as exc:
+            self._note(timed_out=exc.reason == "time")
             return RunOutcome(None, stopped=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except BrokenOutput as exc:
+            self._note(timed_out=False)
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
+        self._note(timed_out=False)
         seconds = time.perf_counter() - start
-        mutated = None
-        if given_trace != list(trace):
-            first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
-            mutated = f"trace line {first} changed" if first < len(trace) else "trace length changed"
-        elif given_config != dict(config):
-            mutated = "config changed"
-        return RunOutcome(report, mutated=mutated, seconds=seconds)
+        if report is None:
+            return RunOutcome(None, broken="it returned None, not a report", seconds=seconds)
+        try:
+            report = plain(report)  # the trust boundary: no clause sees anything but plain, bounded data
+        except NotPlain as exc:
+            return RunOutcome(None, broken=f"what it returned is not plain JSON data: {exc}", seconds=seconds)
+        return RunOutcome(report, mutated=_mutation(given_trace, trace, given_config, config), seconds=seconds)
+
+    def _note(self, timed_out: bool) -> None:
+        if self.breaker is not None:
+            self.breaker.note(timed_out)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -189,15 +204,40 @@ class PythonImplementation(Implementation):
         try:
             report = bounded.call(self.fn, trace, bounds=self.bounds, **config)
         except bounded.CallStopped as exc:
-            raise Stopped(str(exc), exc.stack) from None
+            raise Stopped(str(exc), exc.stack, exc.reason) from None
         except NotImplementedError as exc:
-            raise Unsupported(f"{self.spec} raised NotImplementedError: {exc}") from exc
+            raise Unsupported(f"{self.spec} raised {_crash(exc, self.bounds)[0]}") from None
         except Exception as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}", bounded.crash_traceback(exc)) from exc
+            raise Refused(*_crash(exc, self.bounds)) from None
         return report
 
     def describe(self) -> str:
         return f"{self.spec} ({self.source}; {self.bounds.describe() if self.bounds else 'unbounded'})"
+
+
+def _crash(exc: BaseException, bounds: Bounds | None) -> tuple[str, str]:
+    """The message and traceback of an exception the implementation raised.  Its ``__str__`` is the
+    implementation's code, so they are read under the call's bounds; what cannot be read is said so."""
+    try:
+        return bounded.call(lambda: (exception_text(exc), bounded.crash_traceback(exc)), bounds=bounds)
+    except (bounded.CallStopped, Exception) as failure:
+        return f"{describe(exc)} (its message could not be read: {exception_text(failure)})", ""
+
+
+def _mutation(given_trace: Any, trace: Sequence[Mapping[str, Any]], given_config: Any,
+              config: Mapping[str, Any]) -> str | None:
+    """What the implementation changed in its copies of the input, or None; what it wrote there is
+    untrusted too, so it is compared only once it is plain data."""
+    try:
+        given_trace, given_config = plain(given_trace), plain(given_config)
+    except NotPlain as exc:
+        return f"it wrote something other than plain data into its input: {exc}"
+    if given_trace != list(trace):
+        first = next((i for i, (a, b) in enumerate(zip(given_trace, trace)) if a != b), min(len(trace), len(given_trace)))
+        return f"trace line {first} changed" if first < len(trace) else "trace length changed"
+    if given_config != dict(config):
+        return "config changed"
+    return None
 
 
 def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
@@ -209,245 +249,106 @@ def _accepted_keywords(fn: Callable[..., Any]) -> tuple[set[str], bool]:
     return accepted, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
-class ExecImplementation(Implementation):
-    """A subprocess speaking JSON on stdin and stdout (any language)."""
+@dataclass(frozen=True)
+class SpecRequest:
+    """What a kind is asked to claim and build: the SPEC and the front end's settings for it.
 
-    UNSUPPORTED_EXIT = 3
+    ``bounds`` limits every call (in process for Python kinds, the process's time limit for
+    ``exec:``, each request's for ``http:``); ``rootdir`` is where relative paths start (None:
+    the working directory); ``tick_seconds`` is one trace tick on a live server; ``model`` is the
+    model a live server is asked for (None: the one it lists); ``option`` names the SPEC in
+    messages (``--cbatch-impl`` under pytest, ``--impl`` for ``cbatch check``).
+    """
 
-    def __init__(self, spec: str, command: str, limits: Bounds) -> None:
-        self.spec = spec
-        self.argv = shlex.split(command)
-        if not self.argv:
-            raise ImplementationError("exec: needs a command, e.g. exec:'./my-scheduler --json'")
-        self.limits = limits
-        self.source = f"subprocess {command!r}, " + (f"timeout {limits.seconds:g} s" if limits.seconds > 0
-                                                      else "no timeout")
-        self.namespace = None
-
-    def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
-        payload = json.dumps({"trace": trace, "config": config})
-        seconds = self.limits.seconds
-        try:
-            proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, start_new_session=True)
-        except OSError as exc:
-            raise Refused(f"could not start {self.argv[0]!r}: {exc}") from None
-        try:
-            stdout, stderr = proc.communicate(payload, timeout=seconds if seconds > 0 else None)
-        except subprocess.TimeoutExpired:
-            _kill_session(proc)
-            raise Stopped(f"did not finish within {seconds:g} s ({self.limits.time_option}={seconds:g} changes "
-                          f"the limit; 0 disables it); its process session was killed") from None
-        finally:
-            _kill_session(proc)  # whatever it left running in its session
-        proc = subprocess.CompletedProcess(self.argv, proc.returncode, stdout, stderr)
-        message = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else "(no message on stderr)"
-        if proc.returncode == self.UNSUPPORTED_EXIT:
-            raise Unsupported(f"{self.spec} exited 3 (unsupported): {message}")
-        if proc.returncode != 0:
-            raise Refused(f"exit status {proc.returncode}: {message}")
-        try:
-            return json.loads(proc.stdout)
-        except json.JSONDecodeError as exc:
-            raise BrokenOutput(f"stdout is not JSON ({exc.msg} at line {exc.lineno}): "
-                                  f"{proc.stdout[:200]!r}") from None
+    spec: str
+    bounds: Bounds
+    rootdir: str | None = None
+    tick_seconds: float = 0.05
+    model: str | None = None
+    option: str = "--cbatch-impl"
 
 
-def _kill_session(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the process session ``proc`` leads (it started one), then reap ``proc`` and close its pipes."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    if proc.returncode is None:
-        try:
-            proc.communicate(timeout=5)
-        except (subprocess.TimeoutExpired, ValueError):
-            proc.kill()
-            proc.wait()
+@dataclass(frozen=True)
+class Kind:
+    """One form of SPEC, registered as an entry point in :data:`KIND_GROUP`.
+
+    Kinds are asked in ``order`` (lower first; the built-in ones use 100 to 800, see
+    ``docs/kinds.md``), ties by entry-point name; the first whose ``claims`` is true builds the
+    implementation with ``build``, which raises :class:`ImplementationError` (one line, for a
+    person) when the SPEC is of its form but unusable.  ``claims`` must be cheap and import
+    nothing heavy; ``build`` may import the kind's transport.  ``form`` is the SPEC's shape for
+    the usage message ("" to list none).
+    """
+
+    order: int
+    form: str
+    claims: Callable[[SpecRequest], bool]
+    build: Callable[[SpecRequest], Implementation]
 
 
 def available_impls() -> dict[str, str]:
     """Entry-point names in ``pytest_cbatch.impls`` mapped to their targets."""
-    from importlib.metadata import entry_points
-
     return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
 
 
-def resolve_impl(spec: str, *, timeout: float = bounded.DEFAULT_SECONDS, rootdir: str | None = None,
-                 tick_seconds: float = 0.05, bounds: Bounds | None = None,
-                 option: str = "--cbatch-impl") -> Implementation:
-    """Turn a SPEC string into an Implementation; ImplementationError says why not.
+def available_kinds() -> list[tuple[str, Kind]]:
+    """The kinds registered in :data:`KIND_GROUP`, as ``(entry-point name, kind)`` in the order they are asked.
 
-    ``bounds`` limits every call (default: ``Bounds(seconds=timeout)``): in process for Python
-    SPECs, as the process's time limit for ``exec:``.  ``http://`` and ``https://`` SPECs are
-    live servers (``pytest_cbatch.live.replay``, needs the ``live`` extra); ``tick_seconds`` is how
-    long one trace tick lasts there and the time limit bounds each request.  Error messages name
-    the SPEC as ``option`` (the front end's flag: ``--cbatch-impl`` under pytest, ``--impl`` for
-    ``cbatch check``).
+    ImplementationError names an entry point that does not load or is no kind, and says so when
+    none is registered (an install older than the registry).
+    """
+    found = []
+    for ep in entry_points(group=KIND_GROUP):
+        try:
+            kind = ep.load()
+        except Exception as exc:  # a third party's broken kind: one usage error naming it
+            raise ImplementationError(f"the implementation kind {ep.name!r} ({ep.value}, entry point group "
+                                      f"{KIND_GROUP}) does not load: {type(exc).__name__}: {exc}") from exc
+        if not (isinstance(getattr(kind, "order", None), int) and callable(getattr(kind, "claims", None))
+                and callable(getattr(kind, "build", None)) and isinstance(getattr(kind, "form", None), str)):
+            raise ImplementationError(f"the implementation kind {ep.name!r} ({ep.value}) is not a "
+                                      f"pytest_cbatch.impls.Kind (order, form, claims, build)")
+        found.append((kind.order, ep.name, kind))
+    if not found:
+        raise ImplementationError(f"no implementation kinds are registered (entry point group {KIND_GROUP}): "
+                                  f"this install of pytest-cbatch predates them; reinstall it "
+                                  f"(pip install -e . in a checkout)")
+    return [(name, kind) for _, name, kind in sorted(found, key=lambda item: item[:2])]
+
+
+def resolve_impl(spec: str, *, timeout: float = bounded.DEFAULT_SECONDS, rootdir: str | None = None,
+                 tick_seconds: float = 0.05, bounds: Bounds | None = None, model: str | None = None,
+                 option: str = "--cbatch-impl") -> Implementation:
+    """Turn a SPEC string into an Implementation through the first kind that claims it.
+
+    ImplementationError says why not, naming the SPEC as ``option``.  ``bounds`` limits every
+    call (default: ``Bounds(seconds=timeout)``); the other arguments are :class:`SpecRequest`'s.
     """
     spec = spec.strip()
     if not spec:
         raise ImplementationError(f"{option} is empty")
-    limits = Bounds(seconds=timeout) if bounds is None else bounds
+    request = SpecRequest(spec, Bounds(seconds=timeout) if bounds is None else bounds, rootdir, tick_seconds,
+                          model, option)
     try:
-        return _resolve(spec, limits, rootdir, tick_seconds)
+        kinds = available_kinds()
+        for name, kind in kinds:
+            try:
+                claimed = kind.claims(request)
+            except Exception as exc:  # a third party's kind that breaks on this SPEC: name it
+                raise ImplementationError(f"the implementation kind {name!r} failed to read it: "
+                                          f"{type(exc).__name__}: {exc}") from exc
+            if claimed:
+                return kind.build(request)
+        raise ImplementationError(_unknown_spec_message(kinds))
     except ImplementationError as exc:
         raise ImplementationError(f"{option} {spec!r}: {exc}") from exc.__cause__
 
 
-def _resolve(spec: str, limits: Bounds, rootdir: str | None, tick_seconds: float) -> Implementation:
-    if spec.startswith(("http://", "https://")):
-        from .live.replay import HttpImplementation
-
-        return HttpImplementation(spec, tick_seconds=tick_seconds, timeout=limits.seconds or 86400.0)
-    if spec.startswith("exec:"):
-        return ExecImplementation(spec, spec[len("exec:"):], limits)
-    def python(target: Any, source: str) -> PythonImplementation:
-        return PythonImplementation(spec, target, source, limits)
-
-    if spec.endswith(".py"):
-        return _with_replay(python(_load_file(spec, spec, rootdir), f"file {spec}"), spec, rootdir)
-    if ":" in spec:
-        where, _, attr = spec.rpartition(":")
-        if where.endswith(".py"):
-            impl = python(_load_file_attr(spec, where, attr, rootdir), f"file {where}")
-            return _with_replay(impl, where, rootdir, ":" + attr)
-        return python(_import_attr(spec, where, attr), f"module {where}")
-    looks_like_path = "/" in spec or os.sep in spec
-    if looks_like_path:  # no module or entry-point name holds a slash
-        full = _resolve_path(spec, spec, rootdir)
-        if os.path.isfile(full):
-            raise ImplementationError(f"{spec!r} is a file but not a .py file; give a Python file, a submission "
-                                      f"folder, or exec:COMMAND to run a program")
-        if not os.path.isdir(full):
-            raise ImplementationError(f"no such folder {spec!r}" + (
-                f" (looked in {rootdir})" if rootdir and not os.path.isabs(spec) else ""))
-        return _with_replay(python(_load_folder(spec, spec, rootdir), f"folder {spec}"), spec, rootdir)
-    impls = available_impls()
-    if spec in impls:
-        target = impls[spec]
-        module, _, attr = target.partition(":")
-        obj = _import_attr(spec, module, attr) if attr else _import_module(spec, module)
-        return python(obj, f"entry point {spec} = {target}")
-    if os.path.isdir(_resolve_path(spec, spec, rootdir)):
-        return _with_replay(python(_load_folder(spec, spec, rootdir), f"folder {spec}"), spec, rootdir)
-    if all(part.isidentifier() for part in spec.split(".")) and importlib.util.find_spec(spec.split(".")[0]):
-        return python(_import_module(spec, spec), f"module {spec}")
-    raise ImplementationError(_unknown_spec_message(impls))
-
-
-def _with_replay(impl: Implementation, path: str, rootdir: str | None, suffix: str = "") -> Implementation:
-    impl.replay_spec = os.path.abspath(_resolve_path(impl.spec, path, rootdir)) + suffix
-    return impl
-
-
-def _unknown_spec_message(impls: Mapping[str, str]) -> str:
-    names = ", ".join(sorted(impls)) or "(none installed)"
+def _unknown_spec_message(kinds: Sequence[tuple[str, Kind]]) -> str:
+    names = ", ".join(sorted(available_impls())) or "(none installed)"
+    forms = list(dict.fromkeys(kind.form for _, kind in kinds if kind.form))
     return (
         f"not an installed implementation, a file, a folder or an importable module.\n"
         f"  installed ({ENTRY_POINT_GROUP} entry points): {names}\n"
-        f"  or give one of: package.module[:attr] | path/to/file.py[:attr] | path/to/folder/ | "
-        f"http://HOST:PORT | exec:COMMAND"
+        f"  or give one of: {' | '.join(forms)}"
     )
-
-
-def _import_module(spec: str, name: str) -> Any:
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        raise ImplementationError(f"cannot import {name!r}: {exc}") from exc
-    except Exception as exc:  # the module itself is broken: still one clear usage error
-        raise ImplementationError(f"importing {name!r} failed: "
-                                  f"{type(exc).__name__}: {exc}") from exc
-
-
-def _import_attr(spec: str, module: str, attr: str) -> Any:
-    obj = _import_module(spec, module)
-    return _get_attr(spec, obj, attr, f"module {module!r}")
-
-
-def _get_attr(spec: str, obj: Any, attr: str, where: str) -> Any:
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ImplementationError(f"{where} has no attribute {part!r}")
-        obj = getattr(obj, part)
-    return obj
-
-
-STUDENT_FILES = ("scheduler_sim", "scheduler_faults")
-_LOADED: dict[tuple[str, tuple[str, ...]], list[Any]] = {}
-
-
-def _load_from_folder(spec: str, folder: str, stems: Sequence[str]) -> list[Any]:
-    """Import ``folder/<stem>.py`` for each stem, under its own name, with the folder first on sys.path.
-
-    So ``from scheduler_sim import PagedKV`` in a sibling file finds the file beside
-    it (the very module loaded here), whatever else this process has imported under
-    that name.  Afterwards sys.modules is as it was: two submissions loaded into one
-    process never see each other's modules.
-    """
-    key = (os.path.abspath(folder), tuple(stems))
-    if key in _LOADED:
-        return _LOADED[key]
-    folder = key[0]
-    before = dict(sys.modules)
-    for stem in stems:
-        sys.modules.pop(stem, None)
-    sys.path.insert(0, folder)
-    modules = []
-    try:
-        for stem in stems:
-            module = sys.modules.get(stem)  # a sibling may already have imported it
-            if module is None:
-                loader_spec = importlib.util.spec_from_file_location(stem, os.path.join(folder, stem + ".py"))
-                if loader_spec is None or loader_spec.loader is None:
-                    raise ImplementationError(f"cannot load {stem}.py as Python")
-                module = importlib.util.module_from_spec(loader_spec)
-                sys.modules[stem] = module
-                loader_spec.loader.exec_module(module)
-            modules.append(module)
-    except ImplementationError:
-        raise
-    except (Exception, SystemExit) as exc:  # a broken or exiting file: still one clear usage error
-        raise ImplementationError(f"importing {os.path.join(folder, stem + '.py')!r} "
-                                  f"failed: {type(exc).__name__}: {exc}") from exc
-    finally:
-        sys.path.remove(folder)
-        for name in [n for n in sys.modules if n not in before or sys.modules[n] is not before[n]]:
-            origin = getattr(sys.modules[name], "__file__", None)
-            if name in stems or (origin and os.path.abspath(origin).startswith(folder + os.sep)):
-                del sys.modules[name]
-        sys.modules.update({name: mod for name, mod in before.items() if name in stems})
-    _LOADED[key] = modules
-    return modules
-
-
-def _resolve_path(spec: str, path: str, rootdir: str | None) -> str:
-    return path if os.path.isabs(path) or rootdir is None else os.path.join(rootdir, path)
-
-
-def _load_file(spec: str, path: str, rootdir: str | None) -> Any:
-    full = _resolve_path(spec, path, rootdir)
-    if not os.path.isfile(full):
-        raise ImplementationError(f"no such file {path!r}")
-    stem = os.path.splitext(os.path.basename(full))[0]
-    return _load_from_folder(spec, os.path.dirname(os.path.abspath(full)), [stem])[0]
-
-
-def _load_file_attr(spec: str, path: str, attr: str, rootdir: str | None) -> Any:
-    return _get_attr(spec, _load_file(spec, path, rootdir), attr, f"file {path!r}")
-
-
-def _load_folder(spec: str, path: str, rootdir: str | None) -> Any:
-    """A submission folder in the course's layout: scheduler_sim.py and/or scheduler_faults.py."""
-    folder = _resolve_path(spec, path, rootdir)
-    stems = [stem for stem in STUDENT_FILES if os.path.isfile(os.path.join(folder, stem + ".py"))]
-    if not stems:
-        raise ImplementationError(f"the folder holds neither "
-                                  f"{' nor '.join(s + '.py' for s in STUDENT_FILES)}")
-    merged = types.SimpleNamespace()
-    for module in _load_from_folder(spec, folder, stems):  # scheduler_faults last: its names win
-        merged.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")})
-    merged.__name__ = f"folder {path}"
-    return merged

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -36,11 +37,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="time limit of every call into the implementation (in process, exec:, http://, "
                          "--cbatch-isolate; one lifecycle example), default 60; 0 disables it (ini: cbatch_timeout)")
     group.addoption("--cbatch-memory", type=float, default=None, metavar="MIB",
-                    help="how much one in-process call may grow this process's resident memory, default 4096 MiB; "
+                    help="how much one in-process call may grow this process's resident memory, default 1024 MiB; "
                          "0 disables it (ini: cbatch_memory)")
+    group.addoption("--cbatch-max-timeouts", type=int, default=None, metavar="N",
+                    help="after N calls of the implementation in a row did not finish within the time limit, the "
+                         "rest fail at once, default 3; 0 never stops calling (ini: cbatch_max_timeouts)")
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
+    group.addoption("--cbatch-model", metavar="NAME", default=None,
+                    help="the model an http:// live server is asked for, as it knows it (a model id, or the path "
+                         "it was started with); default: the one /v1/models lists, needed when it lists none or "
+                         "several (ini: cbatch_model)")
     group.addoption("--cbatch-artifacts", metavar="DIR", default=None,
                     help="where failing traces are written for replay, default .cbatch-failures "
                          "(ini: cbatch_artifacts)")
@@ -54,6 +62,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="override a base setting of every workload that does not set it itself, e.g. "
                          "release_delay=0 for an engine that frees pages at once; repeatable (ini: cbatch_config, "
                          "one KEY=VALUE per line)")
+    group.addoption("--cbatch-course", action="store_true", default=False,
+                    help="also judge clause course_results: the exact results the course states and its published "
+                         "simulator gives, on reserve-admission workloads (for a course assignment; an engine's "
+                         "policy differs by design) (ini: cbatch_course)")
     group.addoption("--cbatch-suite", choices=("auto", "off"), default=None,
                     help="auto: with no paths given, run the shipped suite (default); off: never redirect "
                          "collection (ini: cbatch_suite)")
@@ -64,9 +76,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default=None)
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
                   default=None)
+    parser.addini("cbatch_max_timeouts", "calls in a row stopped at the time limit before the rest fail at once, "
+                  "0: never (see --cbatch-max-timeouts)", default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
+    parser.addini("cbatch_model", "the model an http:// live server is asked for (see --cbatch-model)", default=None)
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")
     parser.addini("cbatch_suite", "auto or off (see --cbatch-suite)", default="auto")
+    parser.addini("cbatch_course", "true: also judge clause course_results (see --cbatch-course)", type="bool",
+                  default=False)
     parser.addini("cbatch_sandbox", "auto, bwrap or process (see --cbatch-sandbox)", default="auto")
     parser.addini("cbatch_config", "base-setting overrides, one KEY=VALUE per line (see --cbatch-config)",
                   type="linelist", default=[])
@@ -75,7 +92,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_expect_options(group, parser)
 
 
-LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 4096.0}
+LIMIT_DEFAULTS = {"timeout": 60.0, "memory": 1024.0}
 """Seconds per call and MiB of memory growth when neither an option, the ini file nor the implementation says."""
 
 
@@ -98,21 +115,42 @@ class CbatchState:
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)   # clause -> outcome counts
     parts: dict[str, dict[str, int]] = field(default_factory=dict)      # suite part -> outcome counts
     unobservable: int = 0
+    blocked: dict[str, int] = field(default_factory=dict)              # clause -> checks skipped: it failed there
     part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
+    opt_in: tuple[str, ...] = ()                                        # opt-in clauses asked for (--cbatch-course)
     _judge: Any = None
+
+    @property
+    def clauses(self) -> tuple[str, ...]:
+        """Every clause this run judges: those judged by default and the opt-in ones asked for."""
+        from .runner import judged_clauses
+
+        return judged_clauses(self.opt_in)
 
     def workload_config(self, config: Mapping[str, Any], explicit: Sequence[str] = ()) -> dict[str, Any]:
         """``config`` with the --cbatch-config overrides applied, except to the settings in ``explicit``
         (those a fixed workload sets itself, because it exists to test them)."""
         return {**config, **{k: v for k, v in self.overrides.items() if k not in explicit}}
 
-    def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False) -> None:
-        """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary."""
+    def count(self, part: str, clause: str | None, outcome: str, *, unobservable: bool = False,
+              blocked: bool = False) -> None:
+        """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary;
+        ``blocked``: a skip because the implementation failed completes or schema_valid on that workload."""
         empty = dict.fromkeys(OUTCOMES, 0)
         self.parts.setdefault(part, dict(empty))[outcome] += 1
         if clause is not None:
             self.outcomes.setdefault(clause, dict(empty))[outcome] += 1
+            if blocked:
+                self.blocked[clause] = self.blocked.get(clause, 0) + 1
         self.unobservable += unobservable
+
+    def judged(self) -> list[str]:
+        """The clauses (and lifecycle parts, numeric checks) that passed or failed on some test."""
+        return sorted(c for c, n in self.outcomes.items() if _verdicts(n))
+
+    def judged_nothing(self) -> bool:
+        """Whether no suite test (of any part, generated traces included) passed or failed."""
+        return bool(self.parts) and not any(_verdicts(n) for n in self.parts.values())
 
     @property
     def judge(self) -> Any:
@@ -129,20 +167,21 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = _setting(config, "impl")
     if not spec:
         return
+    _refuse_unknown_ini(config)
     from .impls import ImplementationError, resolve_impl
 
     from .bounded import Bounds
+
+    from .bounded import parse_limit
 
     limits = {}
     for name, unit in (("timeout", "seconds"), ("memory", "MiB")):
         chosen = _setting(config, name)
         try:
-            limits[name] = float(LIMIT_DEFAULTS[name] if chosen is None else chosen)
-        except ValueError:
-            raise pytest.UsageError(f"--cbatch-{name} (ini cbatch_{name}) must be a number of {unit}, got "
-                                    f"{chosen!r}") from None
-        if limits[name] < 0:
-            raise pytest.UsageError(f"--cbatch-{name} must be 0 (no limit) or a positive number of {unit}")
+            limits[name] = parse_limit(LIMIT_DEFAULTS[name] if chosen is None else chosen,
+                                       f"--cbatch-{name} (ini cbatch_{name})", unit)
+        except ValueError as exc:
+            raise pytest.UsageError(str(exc)) from None
     timeout = limits["timeout"]
     left = frozenset(field for name, field in (("timeout", "seconds"), ("memory", "memory_mib"))
                      if _setting(config, name) is None)
@@ -151,10 +190,10 @@ def pytest_configure(config: pytest.Config) -> None:
     if profile not in PROFILES:
         raise pytest.UsageError(f"cbatch_profile must be one of {', '.join(PROFILES)}, got {profile!r}")
     try:
-        tick_seconds = float(_setting(config, "tick_seconds"))
-    except ValueError:
-        raise pytest.UsageError(f"cbatch_tick_seconds must be a number of seconds, got "
-                                f"{_setting(config, 'tick_seconds')!r}") from None
+        tick_seconds = parse_limit(_setting(config, "tick_seconds"), "--cbatch-tick-seconds (ini cbatch_tick_seconds)",
+                                   "seconds")
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
     try:
         if config.getoption("cbatch_isolate"):
             from .sandbox import IsolatedImplementation, Limits, load_spec_for
@@ -165,9 +204,10 @@ def pytest_configure(config: pytest.Config) -> None:
                                           mode=_setting(config, "sandbox"))
         else:
             impl = resolve_impl(spec, bounds=bounds, rootdir=str(config.invocation_params.dir),
-                                tick_seconds=tick_seconds)
+                                tick_seconds=tick_seconds, model=_setting(config, "model") or None)
     except ImplementationError as exc:
         raise pytest.UsageError(str(exc)) from None
+    impl.breaker = _breaker(config)
     chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
     native = _engine_native(impl, chosen)
     hypothesis_profile = _load_hypothesis_profile(config, profile)  # global state: only once every setting is valid
@@ -179,13 +219,31 @@ def pytest_configure(config: pytest.Config) -> None:
         redirected = True
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected, overrides={**native, **chosen},
-                        native=native)
+                        native=native, opt_in=opted_clauses(config))
     config.stash[_STATE] = state
     _configure_last_resort(config, enabled=timeout > 0 and not _faulthandler_timeout(config))
     config.pluginmanager.register(_Reporter(state), "cbatch-reporter")
     from .expect import configure as configure_expectations
 
     configure_expectations(config)  # --cbatch-expect: expected failures (pytest_cbatch/expect.py)
+
+
+def _refuse_unknown_ini(config: pytest.Config) -> None:
+    """A ``cbatch_*`` ini key pytest does not know (``cbatch_timout``) is a usage error naming the nearest one:
+    left a warning, the limit or setting the user meant would silently not apply."""
+    from .spelling import unknown_name
+
+    def registered(name: str) -> bool:
+        try:
+            config.getini(name)
+        except ValueError as exc:  # a registered key with a value of the wrong type is not an unknown one
+            return not str(exc).startswith("unknown configuration value")
+        return True
+
+    known = [name for name in vars(config.option) if name.startswith("cbatch_") and registered(name)]
+    for key in getattr(config, "inicfg", {}):
+        if key.startswith("cbatch") and not registered(key):
+            raise pytest.UsageError(f"{config.inipath or 'the ini file'}: {unknown_name('ini key', key, known)}")
 
 
 def _faulthandler_timeout(config: pytest.Config) -> bool:
@@ -214,19 +272,40 @@ def _configure_last_resort(config: pytest.Config, enabled: bool) -> None:
     config.add_cleanup(restore)
 
 
+def opted_clauses(config: pytest.Config) -> tuple[str, ...]:
+    """The opt-in clauses this run asked for: ``course_results`` with --cbatch-course or ini cbatch_course."""
+    return ("course_results",) if config.getoption("cbatch_course") or config.getini("cbatch_course") else ()
+
+
+def _breaker(config: pytest.Config) -> Any:
+    """The breaker of --cbatch-max-timeouts (ini cbatch_max_timeouts); a bad value is a usage error."""
+    from .breaker import DEFAULT_MAX_TIMEOUTS, Breaker
+
+    chosen = _setting(config, "max_timeouts")
+    text = str(DEFAULT_MAX_TIMEOUTS if chosen is None else chosen).strip()
+    if not re.fullmatch(r"[0-9]{1,9}", text):
+        raise pytest.UsageError(f"--cbatch-max-timeouts (ini cbatch_max_timeouts) must be a whole number of calls, "
+                                f"0 to never stop calling; got {chosen!r}")
+    return Breaker(int(text))
+
+
 def _config_overrides(items: Sequence[str]) -> dict[str, Any]:
     """Parse --cbatch-config KEY=VALUE items; a bad one is a usage error naming it."""
     from .reference.scheduler_sim import CONFIG_CHOICES, validate_config
+    from .spelling import unknown_name
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         key, text = key.strip(), text.strip()
-        if not sep or key not in CONFIG_CHOICES:
-            raise pytest.UsageError(f"--cbatch-config {item!r}: expected KEY=VALUE with KEY one of "
-                                    f"{', '.join(CONFIG_CHOICES)}")
-        value: Any = text if isinstance(CONFIG_CHOICES[key], tuple) else (int(text) if text.lstrip("-").isdigit()
-                                                                        else text)
+        if not sep:
+            raise pytest.UsageError(f"--cbatch-config {item!r} (ini cbatch_config): expected KEY=VALUE with KEY one "
+                                    f"of {', '.join(CONFIG_CHOICES)}")
+        if key not in CONFIG_CHOICES:
+            raise pytest.UsageError(f"--cbatch-config {item!r} (ini cbatch_config): "
+                                    f"{unknown_name('setting', key, CONFIG_CHOICES)}")
+        number = not isinstance(CONFIG_CHOICES[key], tuple) and re.fullmatch(r"-?[0-9]{1,30}", text)
+        value: Any = int(text) if number else text  # else validate_config names the value it refuses
         try:
             validate_config({key: value})
         except ValueError as exc:
@@ -246,13 +325,16 @@ def _engine_native(impl: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
     namespace = getattr(impl, "namespace", None)
     for name in getattr(namespace, "CBATCH_ENGINE_LOGGERS", ()):
         logging.getLogger(name).setLevel(logging.ERROR)
-    declared = dict(getattr(namespace, "CBATCH_NATIVE_CONFIG", None) or {})
     try:
+        from .plain import plain
         from .reference.scheduler_sim import validate_config
 
-        validate_config(declared)
-    except ValueError as exc:
-        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG {declared!r} is invalid: {exc}") from None
+        declared = plain(getattr(namespace, "CBATCH_NATIVE_CONFIG", None))
+        if not isinstance(declared, (dict, type(None))):
+            raise ValueError(f"a dict of settings is expected, got {declared!r}")
+        declared = validate_config(declared or {})
+    except ValueError as exc:  # NotPlain too: what the implementation declares is data, checked as any
+        raise pytest.UsageError(f"{impl.spec}: its CBATCH_NATIVE_CONFIG is invalid: {exc}") from None
     return {k: v for k, v in declared.items() if k not in chosen}
 
 
@@ -405,8 +487,18 @@ class _Reporter:
             outcome = "error"
         else:
             return
-        self.state.count(part, props.get("cbatch_clause"), outcome,
-                         unobservable=report.skipped and "not observable" in str(report.longrepr))
+        from .runner import NO_REPORT, SCHEMA_BLOCKED
+
+        why = str(report.longrepr) if report.skipped else ""
+        self.state.count(part, props.get("cbatch_clause"), outcome, unobservable="not observable" in why,
+                         blocked=NO_REPORT in why or SCHEMA_BLOCKED in why)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        """A run whose suite tests judged no clause of the implementation is no pass: it ends non-zero."""
+        worker = hasattr(session.config, "workerinput")  # under xdist the controller, which sees every test, decides
+        if self.state.judged_nothing() and exitstatus == pytest.ExitCode.OK and not worker:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tr = terminalreporter
@@ -415,13 +507,13 @@ class _Reporter:
             return
         tr.section("pytest-cbatch")
         outcomes = self.state.outcomes
-        ran = sorted(c for c, n in outcomes.items() if n["passed"] + n["failed"] + n["xfailed"] + n["xpassed"])
+        ran = self.state.judged()
         failed = sorted(c for c, n in outcomes.items() if n["failed"] + n["error"])
         never = sorted(c for c, n in outcomes.items() if c not in ran and not n["error"])
         total = {k: sum(n[k] for n in parts.values()) for k in OUTCOMES}
         errors = "".join(f", {total[k]} {k}" for k in ("xfailed", "xpassed", "error") if total[k])
-        tr.write_line(f"impl {self.state.spec}: {len(ran)} of {len(outcomes)} clauses ran ({total['passed']} checks "
-                      f"passed, {total['failed']} failed, {total['skipped']} skipped{errors})")
+        tr.write_line(f"impl {self.state.spec}: judged {_judged_text(outcomes, ran)}; {total['passed']} checks "
+                      f"passed, {total['failed']} failed, {total['skipped']} skipped{errors}")
         tr.write_line("by part: " + "; ".join(
             f"{part} {_counts_text(counts)}" + (f" (the whole module: {self.state.part_skips[part]})"
                                                 if part in self.state.part_skips else "")
@@ -434,6 +526,15 @@ class _Reporter:
             tr.write_line("failed clauses: " + ", ".join(failed), red=True)
         if never:
             tr.write_line("never ran (skipped on every workload): " + ", ".join(never), yellow=True)
+        blocked = {c: n for c, n in self.state.blocked.items() if c not in failed}
+        if blocked:
+            tr.write_line(f"NOT JUDGED where the implementation failed: {sum(blocked.values())} checks of "
+                          f"{len(blocked)} clauses ({_few(sorted(blocked))}) were skipped because completes or "
+                          f"schema_valid failed on their workload; those clauses are not passed there (see the "
+                          f"failures of completes and schema_valid).", red=True, bold=True)
+        if self.state.judged_nothing():
+            tr.write_line(f"NOTHING JUDGED: no clause was judged for {self.state.spec}, so this run proves nothing "
+                          f"and ends non-zero; see why with -rs.", red=True, bold=True)
         hidden = self.state.unobservable
         if hidden:
             tr.write_line(f"NOT OBSERVABLE: {hidden} checks skipped because this implementation's reports cannot "
@@ -464,6 +565,32 @@ def _stopped_text(item: pytest.Item, state: CbatchState, stopped: Any) -> str:
     if part and str(what).startswith("lifecycle."):
         lines.append(f"rerun: pytest --cbatch-impl={state.spec} -k 'test_lifecycle and {part}'")
     return "\n".join(lines)
+
+
+def _verdicts(counts: Mapping[str, int]) -> int:
+    """How many of the tests counted in ``counts`` reached a verdict (not skipped, not an error)."""
+    return counts["passed"] + counts["failed"] + counts["xfailed"] + counts["xpassed"]
+
+
+def _judged_text(outcomes: Mapping[str, Any], judged: Sequence[str]) -> str:
+    """How many of the selected contract clauses, lifecycle parts and numeric checks were judged, each
+    counted apart and the contract's against its whole clause count (``runner.ALL_CLAUSES``)."""
+    from .runner import ALL_CLAUSES
+
+    groups: dict[str, list[str]] = {"contract": [], "lifecycle": [], "numerics": []}
+    for name in outcomes:
+        groups[name.partition(".")[0] if name.startswith(("lifecycle.", "numerics.")) else "contract"].append(name)
+    words = {"contract": "contract clauses", "lifecycle": "lifecycle parts", "numerics": "numeric checks"}
+    out = []
+    for group, names in groups.items():
+        if names or group == "contract":
+            out.append(f"{sum(n in judged for n in names)} of {len(names)} {words[group]} selected"
+                       + (f" (the contract has {len(ALL_CLAUSES)})" if group == "contract" else ""))
+    return ", ".join(out)
+
+
+def _few(names: Sequence[str], n: int = 4) -> str:
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
 
 
 def _counts_text(counts: Mapping[str, int]) -> str:
@@ -500,12 +627,11 @@ def cbatch_run(request: pytest.FixtureRequest) -> Callable[..., dict[str, Any]]:
     state = _require(request)
 
     def run(trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        from .runner import ALL_CLAUSES
         from .workloads import BASE_CONFIG
 
         cfg = {**BASE_CONFIG, **(config or {})}
         report = None
-        for cid in ALL_CLAUSES:
+        for cid in state.clauses:
             if cid in ("invalid_input_refused", "deterministic"):
                 continue
             result = state.judge.judge(cid, list(trace), cfg)
@@ -552,9 +678,34 @@ def fail_clause(
     text = explain_failure(spec=state.spec, replay_spec=state.impl.replay(), clause=clause, workload=workload,
                            violations=result.violations, trace=trace, config=config, report=result.report,
                            trace_path=path, shrunk_from=original, stack=result.stack, stopped=result.stopped)
+    text += "\n" + _write_picture(state, clause, workload, trace, config, result, path, text)
     if result.stopped:
         raise RunawayFailure(text)
     pytest.fail(text, pytrace=False)
+
+
+def _write_picture(state: CbatchState, clause: str, workload: str, trace: list[dict[str, Any]],
+                   config: dict[str, Any], result: Any, trace_path: str, text: str) -> str:
+    """Write the failure's page (``pytest_cbatch.picture``) beside its replay file; the line naming it."""
+    from .explain import replay_command
+
+    def page() -> str:
+        from .picture import failure_page
+
+        return failure_page(spec=state.spec, clause=clause, workload=workload, violations=result.violations,
+                            trace=trace, report=result.report, text=text,
+                            replay=replay_command(state.impl.replay(), trace_path, config, clause))
+
+    return picture_line(state, f"{clause}-{workload}.html", page)
+
+
+def picture_line(state: CbatchState, name: str, page: Callable[[], str]) -> str:
+    """Write the page ``page()`` draws as ``name`` in the artifacts folder; the failure text's line naming it."""
+    try:
+        html = page()
+    except Exception as exc:  # a picture never hides the verdict it illustrates
+        return f"picture: not drawn ({type(exc).__name__}: {exc})"
+    return f"picture: {_write_artifact(state.artifacts, name, html)} (open it in a browser)"
 
 
 class RunawayFailure(BaseException):

@@ -10,17 +10,30 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
-from .contract import CLAUSES, RUNNER_CLAUSES, Violation, check_report, schema_kinds, unobservable
+from .contract import (
+    RUNNER_CLAUSES, Violation, check_report, claim_violations, clause_ids, opt_in_ids, out_of_scope, schema_kinds,
+    unobservable,
+)
 from .impls import Implementation, RunOutcome
 
-__all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES"]
+__all__ = ["ClauseResult", "Judge", "first_difference", "shrink_trace", "ALL_CLAUSES", "OPT_IN_CLAUSES",
+           "judged_clauses"]
 
-ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(CLAUSES) + tuple(RUNNER_CLAUSES)
+ALL_CLAUSES: tuple[str, ...] = ("completes",) + tuple(clause_ids())
+"""Every clause judged by default, in order."""
+OPT_IN_CLAUSES: tuple[str, ...] = tuple(opt_in_ids())
+"""The clauses judged only when asked for (course_results: ``--cbatch-course``)."""
+
+
+def judged_clauses(opt_in: Collection[str] = ()) -> tuple[str, ...]:
+    """Every clause judged by default and the opt-in clauses named in ``opt_in``, in order."""
+    return ("completes",) + tuple(clause_ids(opt_in))
 
 COMPLETES_STATEMENT = "The implementation returns a report for every valid trace and config it supports."
 NO_REPORT = "no report to check (see clause 'completes')"
+SCHEMA_BLOCKED = "the report fails schema_valid, so this clause was not checked"
 
 
 @dataclass
@@ -33,6 +46,9 @@ class ClauseResult:
     reason: str = ""                 # why skipped
     report: dict[str, Any] | None = None
     unobservable: bool = False       # skipped because the report cannot show what the clause needs
+    # Skipped because the submission failed this clause on the workload ("completes": no report;
+    # "schema_valid": a report the clauses cannot read): not a capability, so grading counts it as not passed.
+    blocked_by: str = ""
     stack: str = ""                  # the implementation's traceback (a crash) or its stack when it was stopped
     stopped: bool = False            # the run was stopped for a limit (time or memory): do not rerun it
 
@@ -40,15 +56,23 @@ class ClauseResult:
 @dataclass
 class _Run:
     outcome: RunOutcome
-    violations: list[Violation]
+    violations: list[Violation]   # of the clauses judged by default
     schema_ok: bool
+    opted: dict[str, list[Violation]] = field(default_factory=dict)   # of each opt-in clause judged so far
 
 
 class Judge:
-    """Runs one implementation and judges clauses; caches a run per (trace, config)."""
+    """Runs one implementation and judges clauses; caches a run per (trace, config).
+
+    The report claims honoured (``contract.CLAIMS``) are those the implementation's kind declares
+    (``Implementation.claims``), never those its reports make.
+    """
 
     def __init__(self, impl: Implementation) -> None:
         self.impl = impl
+        self.honoured: frozenset[str] = frozenset(getattr(impl, "claims", frozenset()))
+        source = getattr(impl, "source", "")
+        self.claimant: str = f"{impl.spec} ({source})" if source else impl.spec
         self._runs: dict[str, _Run] = {}
 
     def _key(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> str:
@@ -59,15 +83,19 @@ class Judge:
         if key not in self._runs:
             outcome = self.impl.run(trace, config)
             violations: list[Violation] = []
+            claims: list[Violation] = []
             if outcome.report is not None:
-                violations = check_report(outcome.report, trace, config)
-            schema_ok = not any(v.clause == "schema_valid" for v in violations)
+                violations = check_report(outcome.report, trace, config, honoured=self.honoured,
+                                          claimant=self.claimant)
+                claims = claim_violations(outcome.report, self.honoured, self.claimant)
+            # A claim the kind may not make fails schema_valid, yet the clauses were judged without it.
+            schema_ok = all(v in claims for v in violations if v.clause == "schema_valid")
             self._runs[key] = _Run(outcome, violations, schema_ok)
         return self._runs[key]
 
     def judge(self, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
         """Judge ``clause`` on the implementation's run of ``trace`` under ``config``."""
-        if clause not in ALL_CLAUSES or clause == "invalid_input_refused":
+        if (clause not in ALL_CLAUSES and clause not in OPT_IN_CLAUSES) or clause == "invalid_input_refused":
             raise ValueError(f"unknown clause {clause!r} here (invalid_input_refused has its own check)")
         run = self.run(trace, config)
         out = run.outcome
@@ -75,7 +103,7 @@ class Judge:
             return ClauseResult(clause, "skip", reason=out.unsupported)
         if out.report is None:
             if clause != "completes":
-                return ClauseResult(clause, "skip", reason=NO_REPORT)
+                return ClauseResult(clause, "skip", reason=NO_REPORT, blocked_by="completes")
             if out.stopped:
                 return ClauseResult(clause, "fail", [Violation("completes", f"the run was stopped: it {out.stopped}")],
                                     stack=out.stack, stopped=True)
@@ -89,10 +117,13 @@ class Judge:
             found = [Violation(clause, f"the implementation mutated its input: {out.mutated}")] if out.mutated else []
             return ClauseResult(clause, "fail" if found else "pass", found, report=report)
         if not run.schema_ok and clause != "schema_valid":
-            return ClauseResult(clause, "skip", reason="the report fails schema_valid, so this clause was not checked",
-                                report=report)
-        hidden = unobservable(clause, report)
-        if hidden is None and clause == "deterministic" and report.get("time_unit") == "seconds":
+            return ClauseResult(clause, "skip", reason=SCHEMA_BLOCKED, report=report, blocked_by="schema_valid")
+        beyond = out_of_scope(clause, config)
+        if beyond:
+            return ClauseResult(clause, "skip", reason=beyond, report=report)
+        hidden = unobservable(clause, report, self.honoured)
+        if hidden is None and clause == "deterministic" and "time_unit" in self.honoured and \
+                report.get("time_unit") == "seconds":
             hidden = ("not observable from this report: a live server's timings differ between runs, so "
                       "determinism is judged on engine reports only")
         if hidden:
@@ -107,7 +138,12 @@ class Judge:
             diff = first_difference(report, again.report)
             found = [Violation(clause, f"second run differs at {diff}")] if diff else []
             return ClauseResult(clause, "fail" if found else "pass", found, report=report)
-        found = [v for v in run.violations if v.clause == clause]
+        if clause in OPT_IN_CLAUSES:
+            if clause not in run.opted:
+                run.opted[clause] = check_report(report, trace, config, clauses=[clause])
+            found = run.opted[clause]
+        else:
+            found = [v for v in run.violations if v.clause == clause]
         return ClauseResult(clause, "fail" if found else "pass", found, report=report)
 
     def judge_refusal(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:

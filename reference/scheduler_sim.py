@@ -129,8 +129,18 @@ CONFIG_CHOICES: dict[str, Any] = {
 }
 
 
+_INT_LIMIT = 2**63 - 1  # beyond a 64-bit integer no count, time or setting is meaningful here
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and -_INT_LIMIT <= value <= _INT_LIMIT
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, except for integers too long to print."""
+    if isinstance(value, int) and not -_INT_LIMIT <= value <= _INT_LIMIT:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)
 
 
 def _check_line(line: Any, where: str) -> dict[str, Any]:
@@ -147,12 +157,12 @@ def _check_line(line: Any, where: str) -> dict[str, Any]:
         if name not in line:
             raise ValueError(f"{where}: {name}: missing from a {kind} line")
     if not _is_int(line["time"]) or line["time"] < 0:
-        raise ValueError(f"{where}: time: must be a nonnegative integer, got {line['time']!r}")
+        raise ValueError(f"{where}: time: must be a nonnegative integer, got {_shown(line['time'])}")
     if not isinstance(line["id"], str) or not line["id"]:
-        raise ValueError(f"{where}: id: must be a non-empty string, got {line['id']!r}")
+        raise ValueError(f"{where}: id: must be a non-empty string, got {_shown(line['id'])}")
     for name in ("prompt_tokens", "output_tokens"):
         if name in fields and (not _is_int(line[name]) or line[name] < 1):
-            raise ValueError(f"{where}: {name}: must be a positive integer, got {line[name]!r}")
+            raise ValueError(f"{where}: {name}: must be a positive integer, got {_shown(line[name])}")
     return {name: line[name] for name in fields}
 
 
@@ -204,10 +214,10 @@ def validate_config(config: Mapping[str, Any]) -> dict[str, Any]:
         value = config[name]
         if isinstance(rule, tuple):
             if not isinstance(value, str) or value not in rule:
-                raise ValueError(f"config: {name}: must be one of {', '.join(rule)}, got {value!r}")
+                raise ValueError(f"config: {name}: must be one of {', '.join(rule)}, got {_shown(value)}")
         elif not _is_int(value) or value < rule:
             kind = "positive" if rule == 1 else "nonnegative"
-            raise ValueError(f"config: {name}: must be a {kind} integer, got {value!r}")
+            raise ValueError(f"config: {name}: must be a {kind} integer, got {_shown(value)}")
     return dict(config)
 
 
@@ -228,6 +238,10 @@ def load_trace(path: str) -> list[dict[str, Any]]:
                 lines.append(json.loads(text))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{where}: invalid JSON: {exc.msg} (column {exc.colno})") from None
+            except RecursionError:
+                raise ValueError(f"{where}: invalid JSON: nested too deeply") from None
+            except ValueError as exc:  # a number too long to read
+                raise ValueError(f"{where}: invalid JSON: {exc}") from None
             labels.append(where)
     return validate_trace(lines, labels)
 

@@ -1,4 +1,4 @@
-"""Test helper: the grading example's ``make_samples`` (examples/grading/make_samples.py), loaded by path."""
+"""Test helper: the grading example's ``make_samples`` (examples/grading/make_samples.py), loaded by path, and the loader."""
 
 from __future__ import annotations
 
@@ -7,10 +7,17 @@ from pathlib import Path
 
 EXAMPLE_DIR = Path(__file__).resolve().parents[1] / "examples" / "grading"
 
-_spec = importlib.util.spec_from_file_location("cbatch_grading_make_samples", EXAMPLE_DIR / "make_samples.py")
-assert _spec is not None and _spec.loader is not None
-_module = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_module)
+
+def load_example(filename: str):
+    """A module of examples/grading, loaded by path (the folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"cbatch_grading_{filename[:-3]}", EXAMPLE_DIR / filename)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_module = load_example("make_samples.py")
 
 make_samples = _module.make_samples
 OVERLAYS = _module.OVERLAYS

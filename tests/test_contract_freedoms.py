@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from pytest_cbatch.contract import check_report, unobservable
+from pytest_cbatch.contract import CLAIMS, check_report, unobservable
 from pytest_cbatch.impls import PythonImplementation
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate
 from pytest_cbatch.runner import Judge, shrink_trace
@@ -167,9 +167,19 @@ def client_report() -> tuple[Report, list[dict[str, Any]], dict[str, Any]]:
 
 def test_a_client_side_report_passes_what_a_client_can_observe() -> None:
     report, trace, config = client_report()
-    assert check_report(report, trace, config) == []
-    assert unobservable("pages_conserved", report) and "snapshot" in unobservable("pages_conserved", report)
-    assert unobservable("ttft_null_on_cancel", report) is None
+    assert check_report(report, trace, config, honoured=CLAIMS) == []
+    hidden = unobservable("pages_conserved", report, CLAIMS)
+    assert hidden and "snapshot" in hidden
+    assert unobservable("ttft_null_on_cancel", report, CLAIMS) is None
+
+
+def test_a_client_side_report_from_a_kind_that_declares_no_claims_fails_schema_valid() -> None:
+    report, trace, config = client_report()
+    found = [str(v) for v in check_report(report, trace, config, claimant="file sneaky.py")]
+    assert any("/observed" in v and "file sneaky.py" in v and "http:" in v for v in found), found
+    assert any("/time_unit" in v and "'seconds'" in v for v in found), found
+    assert any("processed_input_tokens" in v for v in found), found   # judged as the tick report it must be
+    assert unobservable("pages_conserved", report) is None
 
 
 @pytest.mark.parametrize("breakage, clause", [
@@ -182,12 +192,14 @@ def test_a_client_side_report_passes_what_a_client_can_observe() -> None:
 def test_a_client_side_report_still_catches_its_bugs(breakage: Any, clause: str) -> None:
     report, trace, config = client_report()
     breakage(report)
-    assert clause in {v.clause for v in check_report(report, trace, config)}
+    assert clause in {v.clause for v in check_report(report, trace, config, honoured=CLAIMS)}
 
 
 def test_the_runner_skips_unobservable_clauses_with_the_reason() -> None:
     report, trace, config = client_report()
-    judge = Judge(PythonImplementation("client", lambda t, **c: copy.deepcopy(report), "test"))
+    impl = PythonImplementation("client", lambda t, **c: copy.deepcopy(report), "test")
+    impl.claims = CLAIMS   # as an entry point or a live server has them
+    judge = Judge(impl)
     result = judge.judge("pages_cover_rows", trace, config)
     assert result.status == "skip" and result.unobservable and "not observable" in result.reason
     assert judge.judge("deterministic", trace, config).unobservable

@@ -29,11 +29,12 @@ REPLAYED = [cid for cid, c in CLAUSES.items() if c.at]
 
 def each_clause_alone(report: dict[str, Any], trace: list[Any], config: dict[str, Any],
                       max_per_clause: int = 20) -> list[Violation]:
-    """check_report run once per clause, each time checking that clause only; the schema gate once."""
+    """check_report run once per clause judged by default, each time checking that clause only; the schema gate
+    once."""
     gate = check_report(report, trace, config, clauses=[], max_per_clause=max_per_clause)
     if gate:
         return gate
-    return [v for cid in CLAUSES
+    return [v for cid in CLAUSES if not CLAUSES[cid].opt_in
             for v in check_report(report, trace, config, clauses=[cid], max_per_clause=max_per_clause)]
 
 

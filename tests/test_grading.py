@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from grading_samples import EXAMPLE_DIR, OVERLAYS, make_samples
 
+import pytest_cbatch.reference.scheduler_sim as reference_sim
 from pytest_cbatch.grading.driver import main as grade_main
 from pytest_cbatch.grading.driver import sandbox_mode
 from pytest_cbatch.grading.evaluate import Submission, grade_submission, rubric_tests
@@ -123,7 +124,7 @@ def test_hidden_workloads_count_but_stay_out_of_student_output(graded) -> None:
     _samples, out, _seconds, _code = graded
     doc = results(out, "buggy_itl")
     test = next(t for t in doc["tests"] if t["name"] == "contract.itl_empty_for_one_token")
-    assert "1 hidden workload(s), details withheld" in test["output"]
+    assert "it also failed on hidden workloads (which and how many is withheld)" in test["output"]
     assert HIDDEN_NAME not in json.dumps(doc) and '"h4"' not in json.dumps(doc)
     assert HIDDEN_NAME in (out / "buggy_itl" / "hidden-failures.txt").read_text(encoding="utf-8")
     assert not list((out / "buggy_itl").glob(f"*{HIDDEN_NAME}*"))
@@ -167,7 +168,17 @@ def test_bad_rubrics_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "visibility must be one of visible, after_due_date, hidden, after_published" in capsys.readouterr().err
     rubric.write_text("[limits]\ncall_second = 3\n", encoding="utf-8")
     assert grade_main([str(tmp_path), "--out", str(tmp_path / "out"), "--rubric", str(rubric)]) == 2
-    assert "unknown key(s) call_second" in capsys.readouterr().err
+    assert "[limits] unknown key 'call_second' (did you mean 'call_seconds'?" in capsys.readouterr().err
+    for table, words in (("[grading]\ngenerated_exampels = 3", "[grading] unknown key 'generated_exampels' (did you "
+                                                                "mean 'generated_examples'?"),
+                         ("[limit]\ncall_seconds = 3", "unknown table 'limit' (did you mean 'limits'?"),
+                         ("[limits]\ncall_seconds = nan", "[limits].call_seconds: must be a positive, finite number"),
+                         ("[limits]\nsubmission_seconds = inf", "[limits].submission_seconds: must be a positive, "
+                                                                 "finite"),
+                         ("[limits]\ncall_seconds = -1", "[limits].call_seconds: must be a positive number")):
+        rubric.write_text(table + "\n", encoding="utf-8")
+        assert grade_main([str(tmp_path), "--out", str(tmp_path / "out"), "--rubric", str(rubric)]) == 2
+        assert words in capsys.readouterr().err, table
     for grading, words in (('parts = ["scheduler", "gpu"]', "[grading].parts must name one or more of scheduler, "
                             "lifecycle, numerics"), ('parts = []', "[grading].parts must name one or more"),
                            ('sandbox = "docker"', "[grading].sandbox must be one of auto, bwrap, process")):
@@ -198,7 +209,8 @@ def _grade_file(tmp_path: Path, name: str, body: str, rubric: Rubric):
     return grade_submission(submission, rubric, build_plan(rubric), out)
 
 
-SOLO = "from pytest_cbatch.reference.scheduler_sim import simulate\n"
+# A single-file scheduler (only simulate): the reference's file with its lifecycle class made private.
+SOLO = Path(reference_sim.__file__).read_text(encoding="utf-8").replace("PagedKV", "_PagedKV")
 
 
 def test_a_single_file_scheduler_is_told_which_file_it_lacks_and_what_it_costs(tmp_path: Path) -> None:

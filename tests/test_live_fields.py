@@ -13,7 +13,7 @@ import pytest
 
 web = pytest.importorskip("aiohttp.web", reason="the live tests need the live extra: pip install 'pytest-cbatch[live]'")
 
-from pytest_cbatch.contract import check_report  # noqa: E402
+from pytest_cbatch.contract import CLAIMS, check_report  # noqa: E402
 from pytest_cbatch.impls import resolve_impl  # noqa: E402
 from pytest_cbatch.live.server import ServerThread  # noqa: E402
 from pytest_cbatch.runner import ALL_CLAUSES, Judge  # noqa: E402
@@ -151,7 +151,8 @@ def test_refused_optional_fields_are_dropped_once_and_remembered(serve: Any) -> 
     assert not failed, failed
     # the same early end where ignore_eos was sent is a truncation
     forced = {**report, "server": {**report["server"], "ignore_eos": True}}
-    assert [v.clause for v in check_report(forced, trace, BASE_CONFIG)] == ["finished_outputs_complete"]
+    found = check_report(forced, trace, BASE_CONFIG, honoured=CLAIMS)
+    assert [v.clause for v in found] == ["finished_outputs_complete"]
 
 
 def test_coalesced_frames_with_usage_only_at_the_end_count_from_usage(serve: Any) -> None:

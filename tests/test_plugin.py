@@ -94,8 +94,9 @@ PROFILE_PROBE = """
         terminalreporter.write_line("active hypothesis profile: " + settings.get_current_profile_name())
 """
 
-SUMMARY = re.compile(r"impl (?P<spec>.+): (?P<ran>\d+) of (?P<total>\d+) clauses ran "
-                     r"\((?P<passed>\d+) checks passed, (?P<failed>\d+) failed, (?P<skipped>\d+) skipped\)")
+SUMMARY = re.compile(r"impl (?P<spec>.+): judged (?P<ran>\d+) of (?P<total>\d+) contract clauses selected "
+                     r"\(the contract has \d+\)[^;]*; "
+                     r"(?P<passed>\d+) checks passed, (?P<failed>\d+) failed, (?P<skipped>\d+) skipped")
 
 
 # -- helpers -------------------------------------------------------------------
@@ -339,7 +340,9 @@ def test_implementation_skipping_almost_everything_gets_a_loud_warning(pytester:
     assert result.parseoutcomes()["skipped"] == DEMO_CHECKS
     assert "passed" not in result.parseoutcomes()
     assert summary(result)["ran"] == "0"
-    result.stdout.fnmatch_lines(["WARNING: most conformance checks were SKIPPED*"])
+    result.stdout.fnmatch_lines(["NOTHING JUDGED: no clause was judged for *",
+                                 "WARNING: most conformance checks were SKIPPED*"])
+    assert result.ret == pytest.ExitCode.TESTS_FAILED   # a run that judged nothing is not green
 
 
 # -- 8. failure output and replay ----------------------------------------------------------

@@ -75,7 +75,8 @@ def test_a_step_that_hangs_times_out_at_the_call_that_hangs(tmp_path: Path, requ
 
 def test_a_submission_that_patches_its_copy_of_the_kit_is_judged_one_request_at_a_time(tmp_path: Path) -> None:
     (tmp_path / "tampers.py").write_text(TAMPERS)
-    impl = isolated(str(tmp_path / "tampers.py"))
+    # No limit of seconds is part of what this judges: a loaded machine once took the default 10 s per call.
+    impl = isolated(str(tmp_path / "tampers.py"), call_seconds=600, import_seconds=600)
     try:
         verdicts, note = lifecycle_verdicts_of(impl, "allocator", SETTINGS)
         assert "judged one request at a time" in note and "the child made" in note, note

@@ -26,7 +26,7 @@ serve = pytest.importorskip("cbatch_transformers.serve", reason="the transformer
                                                         "pip install -e examples/transformers")
 pytest.importorskip("aiohttp", reason="the live client needs the live extra")
 
-from pytest_cbatch.contract import check_report  # noqa: E402
+from pytest_cbatch.contract import CLAIMS, check_report  # noqa: E402
 from pytest_cbatch.impls import resolve_impl  # noqa: E402
 from pytest_cbatch.reference.scheduler_sim import demo_trace  # noqa: E402
 from pytest_cbatch.workloads import BASE_CONFIG  # noqa: E402
@@ -127,4 +127,4 @@ def test_the_live_client_counts_a_coalescing_stream_from_its_usage(server: str) 
     finished = [r for r in report["requests"].values() if r["status"] == "finished"]
     assert finished and all(r["output_tokens"] == r["usage_completion_tokens"] for r in finished)
     assert all(r["finish_reason"] in ("length", "stop") for r in finished)
-    assert check_report(report, trace, BASE_CONFIG) == []
+    assert check_report(report, trace, BASE_CONFIG, honoured=CLAIMS) == []

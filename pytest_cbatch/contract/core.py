@@ -5,7 +5,8 @@ right above its check in one of the family modules (``requests``, ``rows``,
 ``pages``), so a clause id leads to its statement and its code in one place.
 ``needs`` names the event kinds a clause must observe; a report that declares
 what it can observe (a client-side report of a live server lists them in
-``observed``) skips the clauses it cannot judge, with that reason.
+``observed``) skips the clauses it cannot judge, with that reason, where that
+claim is honoured (``contract.CLAIMS``: only from kinds that declare it).
 
 A clause registered with ``at=`` event kinds judges each such event against
 the lifecycle so far: the index replays the events once (``ReportIndex.replayed``)
@@ -72,6 +73,9 @@ class Clause:
     at: frozenset[str] = frozenset()   # event kinds it judges during the shared replay (see ``clause``)
     step: Callable[["ReportIndex", int, dict[str, Any], "Replay"], Iterable[Violation]] | None = field(
         default=None, compare=False, repr=False)   # its judge of one such event, when ``at`` is set
+    opt_in: str = ""   # how a user asks for it, when it is judged only on request (see ``clause``)
+    scope: Callable[[Mapping[str, Any]], str | None] | None = field(
+        default=None, compare=False, repr=False)   # why a run's config is outside what it judges, or None
 
 
 CLAUSES: dict[str, Clause] = {
@@ -84,7 +88,8 @@ CLAUSES: dict[str, Clause] = {
 
 def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), admits: str = "",
            reads: Sequence[str] = (), compares: Mapping[str, str] | None = None,
-           at: Sequence[str] = ()) -> Callable:
+           at: Sequence[str] = (), opt_in: str = "",
+           scope: Callable[[Mapping[str, Any]], str | None] | None = None) -> Callable:
     """Register a report clause; the decorated generator yields its violations.
 
     Without ``at`` it is called once, as ``check(index)``.  With ``at`` (event
@@ -101,6 +106,10 @@ def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), adm
     ``events[dispatch].work[].input_tokens``); ``compares``: each value the
     check compares with what it expects, mapped to the words of the statement
     that define it (a value the statement does not define is not compared).
+    ``opt_in``: a clause judged only when asked for, with the words that say
+    how (``--cbatch-course``); every other clause is judged by default.
+    ``scope(config)``: why a run's config is outside what the clause judges
+    (that run skips it, with the reason), or None.
     """
 
     unvisited = sorted(set(at) - (EVENT_KINDS - {"token"}))
@@ -112,7 +121,7 @@ def clause(cid: str, statement: str, why: str, *, needs: Sequence[str] = (), adm
             raise ValueError(f"clause {cid!r} registered twice")
         check = fn if not at else (lambda index: iter(index.replayed(cid)))
         CLAUSES[cid] = Clause(cid, statement, why, check, frozenset(needs), admits, tuple(reads),
-                              tuple((compares or {}).items()), frozenset(at), fn if at else None)
+                              tuple((compares or {}).items()), frozenset(at), fn if at else None, opt_in, scope)
         return fn
 
     return register
@@ -166,16 +175,21 @@ class ReportIndex:
     clauses do.
     """
 
-    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]):
+    def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
+                 honoured: Collection[str] = ()):
         self.report = report
+        self.trace = trace
         self.events: list[dict[str, Any]] = report["events"]
         self.asked = dict(config)
-        self.cfg: dict[str, Any] = dict(report["config"])
+        # The settings asked for win over the report's: config_recorded judges the report's own, and a report
+        # that records another capacity (say) must not have its pages judged against that one.
+        self.cfg: dict[str, Any] = {**report["config"], **config}
         self.bs: int = self.cfg.get("block_size", 1)   # a client-side report may not know the pool
         self.capacity: int = self.cfg.get("capacity", 0)
-        observed = report.get("observed")
+        self.honoured = frozenset(honoured)   # the report claims its kind may make: see contract.CLAIMS
+        observed = report.get("observed") if "observed" in honoured else None
         self.observed: frozenset[str] | None = None if observed is None else frozenset(observed)
-        self.seconds = report.get("time_unit") == "seconds"
+        self.seconds = "time_unit" in honoured and report.get("time_unit") == "seconds"
         tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
         self.slack: float = replay_slack(tick) if self.seconds else 0

@@ -289,7 +289,7 @@ def _token_record_consistent(ix: ReportIndex) -> Iterator[Violation]:
             "events[finished].time": "its finished event at its last token's time",
         })
 def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
-    unforced = ix.report.get("server", {}).get("ignore_eos") is False
+    unforced = "server.ignore_eos" in ix.honoured and ix.report.get("server", {}).get("ignore_eos") is False
     for rid, line in ix.arrivals.items():
         end = ix.terminal(rid)
         tokens = ix.tokens(rid)

@@ -1,10 +1,13 @@
 """``cbatch grade``: grade a folder of submissions (or one, on Gradescope) in parallel worker processes.
 
     cbatch grade SUBMISSIONS_DIR --out OUT [--rubric rubric.toml] [--traces DIR] [--jobs N] [--sandbox MODE]
+                 [--shard I/N] [--ray ADDRESS|auto]
+    cbatch grade merge OUT1 OUT2 ... --out OUT
     cbatch grade --gradescope [--rubric rubric.toml] [--traces DIR] [--sandbox MODE]
 
 A submission is each ``.py`` file of SUBMISSIONS_DIR, or each folder holding
-``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file; its
+``scheduler_sim.py`` and/or ``scheduler_faults.py`` or any ``.py`` file, or a
+manifest ``cbatch.toml`` naming a program in any language (``manifest``); its
 name is the file stem or folder name.  Each gets ``OUT/<name>/results.json``
 (Gradescope format, validated against schemas/gradescope-results.schema.json
 before it is written) and a row of ``OUT/summary.csv``.  ``OUT/<name>/`` is
@@ -15,7 +18,11 @@ goes on, every submission scored on the same tests.  The sandbox mode
 before any submission runs: ``auto`` without a working bubblewrap prints
 what is not contained.  Exit status: 0 when every submission was graded, 1
 when the grader failed on one, 2 on bad input (rubric, traces, folders, a
-required bubblewrap that cannot run).
+required bubblewrap that cannot run).  ``OUT/grading.json`` is the run's
+record (``shards``): ``--shard I/N`` grades only the submissions whose name
+hashes to shard I of N, and ``merge`` joins such outputs after checking them.
+``--ray`` grades each submission as a task on a Ray cluster (``ray_runner``);
+progress goes to stderr (``progress``).
 """
 
 from __future__ import annotations
@@ -26,15 +33,21 @@ import shutil
 import sys
 import time
 import traceback
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from ..sandbox.files import link_refusal
+from .bundle import BundleError, pack
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
+from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
+from .progress import HEARTBEAT_SECONDS, Progress
 from .results import SubmissionResult, TestResult, write_json, write_summary
 from .rubric import Rubric, load_rubric
+from .shards import MergeError, RunRecord, kit_version, merge, parse_shard, plan_fingerprint, rubric_fingerprint, \
+    shard_of
 
 __all__ = ["discover", "grade_all", "main"]
 
@@ -42,15 +55,24 @@ GRADESCOPE_ROOT = "/autograder"
 
 
 def discover(folder: Path) -> list[Submission]:
-    """The submissions in ``folder``, sorted by name; ValueError when two share a name."""
+    """The submissions in ``folder``, sorted by name; ValueError when two share a name.
+
+    A submission that is a symbolic link (a ``.py`` file or a folder), or a
+    folder whose only modules are links, is listed refused (``Submission.refused``):
+    it is graded 0, saying why, and nothing is read through the link.
+    """
     found: dict[str, Submission] = {}
     for entry in sorted(folder.iterdir()):
         if entry.name.startswith((".", "_")):
             continue
-        if entry.is_file() and entry.suffix == ".py":
+        if entry.is_symlink():
+            if entry.suffix not in (".py", ""):
+                continue
+            sub = Submission(entry.stem, str(entry), LoadSpec(str(entry)), refused=link_refusal(entry.name))
+        elif entry.is_file() and entry.suffix == ".py":
             sub = Submission(entry.stem, str(entry), _single_file(entry))
-        elif entry.is_dir() and submission_files(str(entry)):
-            sub = Submission(entry.name, str(entry), LoadSpec(str(entry), submission_files(str(entry))))
+        elif entry.is_dir() and (held := folder_submission(entry, entry.name)) is not None:
+            sub = held
         else:
             continue
         if sub.name in found:
@@ -59,18 +81,42 @@ def discover(folder: Path) -> list[Submission]:
     return list(found.values())
 
 
+def folder_submission(folder: Path, name: str) -> Submission | None:
+    """The submission a folder holds: a program named by its manifest (``cbatch.toml``; a broken one is a
+    submission whose results say what is wrong), else its Python files (refused when they are all links);
+    None when it holds neither."""
+    if os.path.lexists(folder / MANIFEST):
+        try:
+            return Submission(name, str(folder), LoadSpec(str(folder), command=read_manifest(folder)))
+        except ManifestError as exc:
+            return Submission(name, str(folder), LoadSpec(str(folder)), problem=str(exc))
+    files = submission_files(str(folder))
+    if files:
+        return Submission(name, str(folder), LoadSpec(str(folder), files))
+    linked = _linked_modules(folder)
+    return Submission(name, str(folder), LoadSpec(str(folder)), refused=link_refusal(", ".join(linked))) \
+        if linked else None
+
+
+def _linked_modules(folder: Path) -> list[str]:
+    """The ``.py`` entries of ``folder`` that are symbolic links (a folder of nothing else is refused)."""
+    return sorted(p.name for p in folder.iterdir() if p.suffix == ".py" and p.is_symlink())
+
+
 def _single_file(path: Path) -> LoadSpec:
     """A one-file submission is copied alone, so it cannot read the other students' files beside it."""
     return LoadSpec(str(path), (path.name,))
 
 
 def gradescope_submission(root: Path) -> Submission:
-    """The single submission Gradescope unpacks in ``root/submission``."""
+    """The single submission Gradescope unpacks in ``root/submission`` (refused when it is a link)."""
     folder = root / "submission"
-    files = submission_files(str(folder)) if folder.is_dir() else ()
-    if not files:
-        raise ValueError(f"{folder}: no .py file to grade")
-    return Submission("submission", str(folder), LoadSpec(str(folder), files))
+    if folder.is_symlink():
+        return Submission("submission", str(folder), LoadSpec(str(folder)), refused=link_refusal(folder.name))
+    found = folder_submission(folder, "submission") if folder.is_dir() else None
+    if found is None:
+        raise ValueError(f"{folder}: no .py file or {MANIFEST} to grade")
+    return found
 
 
 def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path, sandbox: str) -> SubmissionResult:
@@ -108,35 +154,83 @@ def _schema_issues(document: dict) -> list[str]:
 
 
 def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-              progress: bool = True, sandbox: str = "auto") -> list[SubmissionResult]:
-    """Grade ``submissions`` in ``jobs`` worker processes; write results and ``out/summary.csv``.
+              progress: bool | Progress = True, sandbox: str = "auto",
+              ray: str | None = None) -> list[SubmissionResult]:
+    """Grade ``submissions`` in ``jobs`` worker processes, or on the Ray cluster ``ray``; write results and summary.
 
-    ``sandbox``: the mode, best resolved once beforehand (``sandbox_mode``) so workers do not each warn.
+    ``sandbox``: the mode, best resolved once beforehand (``sandbox_mode``) so
+    workers do not each warn; with ``ray``, the requested mode, which each
+    worker resolves for itself.  Every submission gets its results.json, once.
+    ``progress``: a ``Progress`` already started (``main`` starts it before the
+    plan is drawn), or whether to print one.
     """
     out.mkdir(parents=True, exist_ok=True)
+    tracker = progress if isinstance(progress, Progress) else _progress(len(submissions), jobs, ray, progress)
+    if ray:
+        from .ray_runner import grade_on_ray  # ray is imported only when asked for
+
+        events = grade_on_ray(submissions, rubric, plan, out, sandbox, ray, jobs, _grade_one, discover)
+    else:
+        events = _in_pool(submissions, rubric, plan, out, jobs, sandbox)
     results: list[SubmissionResult] = []
-    start = time.monotonic()
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s for s in submissions}
-        for done, future in enumerate(as_completed(futures), start=1):
-            sub = futures[future]
-            try:
-                result = future.result()
-            except Exception as exc:
-                result = _grader_failure(sub.name, rubric, f"{type(exc).__name__}: {exc}", 0.0)
-            results.append(result)
-            if progress:
-                _progress(done, len(submissions), result, time.monotonic() - start)
+    for event in events:
+        if event is None:
+            tracker.waiting()
+            continue
+        name, outcome = event
+        if isinstance(outcome, Exception):
+            outcome = _grader_failure(name, rubric, f"{type(outcome).__name__}: {outcome}", 0.0)
+            _write_result(out / name, outcome)
+        results.append(outcome)
+        tracker.finished(outcome)
     write_summary(out / "summary.csv", results)
     return results
 
 
-def _progress(done: int, total: int, result: SubmissionResult, elapsed: float) -> None:
-    width = 24
-    filled = width * done // max(total, 1)
-    bar = "#" * filled + "." * (width - filled)
-    print(f"[{bar}] {done}/{total} {result.name}: {result.score:g}/{result.max_score:g} "
-          f"({result.execution_time:.1f} s; {elapsed:.0f} s elapsed)", file=sys.stderr, flush=True)
+def _progress(total: int, jobs: int, ray: str | None, enabled: bool) -> Progress:
+    """A started ``Progress``: its first line says how many submissions are graded, and where."""
+    where = (f"in {max(1, jobs)} worker process{'es' if jobs > 1 else ''}" if not ray
+             else f"on a local Ray cluster of {max(1, jobs)} CPUs" if ray == "auto" else f"on the Ray cluster at {ray}")
+    tracker = Progress(total, where, enabled=enabled)
+    tracker.started()
+    return tracker
+
+
+def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
+             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
+    """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats)."""
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        pending = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s.name for s in submissions}
+        while pending:
+            done, _ = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
+            if not done:
+                yield None
+            for future in done:
+                name = pending.pop(future)
+                try:
+                    yield name, future.result()
+                except Exception as exc:
+                    yield name, exc
+
+
+def _write_result(out_dir: Path, result: SubmissionResult) -> None:
+    """A grader failure's results.json, in a folder emptied first (what a worker would have written is gone)."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    write_json(out_dir / "results.json", result.gradescope())
+
+
+def run_record(found: Sequence[Submission], graded: Sequence[Submission], rubric: Rubric, plan: Plan,
+               shard: tuple[int, int] | None) -> RunRecord:
+    """``grading.json`` of a run: what ``cbatch grade merge`` checks (see ``shards``)."""
+    digests: dict[str, str] = {}
+    for sub in found:
+        try:
+            digests[sub.name] = pack(sub).digest()
+        except (BundleError, OSError) as exc:
+            digests[sub.name] = f"unreadable: {exc}"
+    return RunRecord(kit_version(), rubric_fingerprint(rubric), plan_fingerprint(plan), digests,
+                     tuple(s.name for s in graded), f"{shard[0]}/{shard[1]}" if shard else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -154,8 +248,28 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto: bubblewrap when it works here, else plain processes with a notice; bwrap: "
                              "required (grading fails without it); process: never (default: the rubric's "
                              "[grading].sandbox, shipped as auto)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument("--shard", metavar="I/N", help="grade only shard I of N (a stable split by a hash of each "
+                        "submission's name); join the outputs with: cbatch grade merge OUT1 ... --out OUT")
+    parser.add_argument("--ray", metavar="ADDRESS", help="grade each submission as a task on the Ray cluster at "
+                        "ADDRESS (HOST:PORT), or 'auto' for a local cluster of --jobs CPUs (pytest-cbatch[ray])")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
+
+
+def merge_main(argv: Sequence[str]) -> int:
+    """``cbatch grade merge OUT1 OUT2 ... --out OUT``: exit 0 when merged, 2 when refused (nothing written)."""
+    parser = argparse.ArgumentParser(prog="cbatch grade merge", description="Join the outputs of cbatch grade "
+                                     "--shard I/N into the output one run over the whole folder writes.")
+    parser.add_argument("outputs", nargs="+", help="the shards' output folders")
+    parser.add_argument("--out", required=True, help="the merged output folder (new or empty)")
+    args = parser.parse_args(list(argv))
+    try:
+        record = merge([Path(o) for o in args.outputs], Path(args.out))
+    except MergeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{len(record.graded)} submissions from {len(args.outputs)} outputs -> {Path(args.out) / 'summary.csv'}")
+    return 0
 
 
 def sandbox_mode(requested: str | None, rubric: Rubric) -> str:
@@ -163,20 +277,26 @@ def sandbox_mode(requested: str | None, rubric: Rubric) -> str:
 
     A rubric that requires bwrap cannot be relaxed from the command line.
     """
-    if rubric.sandbox == "bwrap" and requested not in (None, "bwrap"):
-        raise ValueError(f"{rubric.source} requires sandbox = \"bwrap\"; --sandbox={requested} cannot relax it")
-    mode, notice = resolve_mode(requested or rubric.sandbox)
+    mode, notice = resolve_mode(requested_mode(requested, rubric))
     if notice:
         print(notice, file=sys.stderr, flush=True)
     return mode
 
 
+def requested_mode(requested: str | None, rubric: Rubric) -> str:
+    """The sandbox mode asked for (``--sandbox``, else the rubric's); ValueError when it relaxes a required bwrap."""
+    if rubric.sandbox == "bwrap" and requested not in (None, "bwrap"):
+        raise ValueError(f"{rubric.source} requires sandbox = \"bwrap\"; --sandbox={requested} cannot relax it")
+    return requested or rubric.sandbox
+
+
 def main(argv: Sequence[str]) -> int:
     """Entry point of ``cbatch grade``."""
+    if list(argv[:1]) == ["merge"]:
+        return merge_main(argv[1:])
     args = build_parser().parse_args(list(argv))
     try:
         rubric = load_rubric(args.rubric)
-        plan = build_plan(rubric, args.traces)
         if args.gradescope:
             root = Path(args.gradescope_root)
             submissions, out = [gradescope_submission(root)], root / "results"
@@ -189,7 +309,17 @@ def main(argv: Sequence[str]) -> int:
             submissions, out = discover(folder), Path(args.out)
             if not submissions:
                 raise ValueError(f"{folder}: no submission found (.py files or folders holding them)")
-        sandbox = sandbox_mode(args.sandbox, rubric)
+        shard = parse_shard(args.shard) if args.shard else None
+        if (shard or args.ray) and args.gradescope:
+            raise ValueError("--shard and --ray grade a folder, not --gradescope")
+        # On Ray each worker resolves the mode for itself (and refuses a required bwrap it lacks).
+        sandbox = requested_mode(args.sandbox, rubric) if args.ray else sandbox_mode(args.sandbox, rubric)
+        found = submissions
+        if shard:
+            submissions = [s for s in found if shard_of(s.name, shard[1]) == shard[0]]
+        # The first progress line comes before the plan is drawn, which takes seconds under the default rubric.
+        tracker = _progress(len(submissions), args.jobs, args.ray, not (args.quiet or args.gradescope))
+        plan = build_plan(rubric, args.traces)
     except (OSError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -198,7 +328,13 @@ def main(argv: Sequence[str]) -> int:
         shutil.move(str(out / "_grading" / "results.json"), out / "results.json")
         print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")
         return 1 if result.extra.get("grader_error") else 0
-    results = grade_all(submissions, rubric, plan, out, args.jobs, progress=not args.quiet, sandbox=sandbox)
+    record = run_record(found, submissions, rubric, plan, shard)
+    try:
+        results = grade_all(submissions, rubric, plan, out, args.jobs, progress=tracker, sandbox=sandbox, ray=args.ray)
+    except (OSError, ValueError) as exc:  # no cluster there, none can run a task, or no ray: nothing was graded
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    record.write(out)
     for result in sorted(results, key=lambda r: r.name):
         print(f"{result.name}: {result.score:g}/{result.max_score:g}")
     print(f"{len(results)} submissions -> {out / 'summary.csv'}")

@@ -2,7 +2,10 @@
 
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
-passes on every workload it ran on), one per lifecycle clause and one per
+passes on every workload it ran on and every workload the submission did not
+declare unsupported was one it ran on: a workload where the submission failed
+``completes`` or ``schema_valid``, or whose report hid what the clause needs,
+counts as not passed), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
 same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
@@ -20,15 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..explain import explain_failure, trace_jsonl
-from ..impls import Implementation, ImplementationError
-from ..runner import ALL_CLAUSES, ClauseResult, Judge, shrink_trace
-from ..sandbox import IsolatedImplementation, LoadSpec
+from ..explain import explain_failure, replay_command, trace_jsonl
+from ..impls import BrokenOutput, Implementation, ImplementationError
+from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
+from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
-__all__ = ["Submission", "apply_rubric", "grade_implementation", "grade_submission", "rubric_tests", "unjudged"]
+__all__ = ["Submission", "apply_rubric", "contract_clauses", "grade_implementation", "grade_submission", "rubric_tests",
+           "unjudged"]
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
@@ -41,13 +45,20 @@ class Submission:
     name: str
     path: str
     load: LoadSpec
+    problem: str | None = None   # why it cannot be graded at all (a broken manifest), or None
+    refused: str | None = None   # why it is graded 0 without running (e.g. it is a symbolic link)
 
 
 @dataclass
 class _Tally:
     ran: int = 0
-    skipped: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)   # a declared capability the workload needs
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
+    hidden_ran: int = 0  # hidden workloads the rubric hides from students: counted apart, never shown
+    hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # failed or not judged there
+    # Not judged because the submission failed there (no report, an unreadable one) or its report hid what
+    # the clause needs: never a pass.
+    blocked: list[tuple[Case, ClauseResult]] = field(default_factory=list)
 
 
 def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path,
@@ -60,27 +71,112 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     start = time.monotonic()
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
+    if submission.refused is not None:
+        return _refuse(submission.name, rubric, notes, start, submission.refused, [submission.refused])
+    problem = submission.problem or _program_problem(submission, rubric)
+    if problem:
+        tests = unjudged(rubric, f"the submission could not be graded: {problem}")
+        return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start)
+    guard = KitGuard(refuse=rubric.kit_imports == "refuse")
     try:
-        impl = IsolatedImplementation(submission.name, submission.load, rubric.limits,
-                                      label=f"submission {submission.name!r}", mode=sandbox)
+        impl = _isolated(submission, rubric, sandbox, guard)
     except ImplementationError as exc:
+        if guard.found:
+            return _kit_used(submission.name, rubric, notes, start, guard, [])
         message = str(exc).split(": ", 1)[-1]
         tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
         return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+    flags = [f"left out of the copy: {', '.join(impl.sandbox.left_out)}"] if impl.sandbox.left_out else []
+    if guard.found and guard.refuse:  # a use at import time that the submission caught: no need to run it
+        impl.close()
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
     notes[0] += (", contained by bubblewrap" if impl.sandbox.mode == "bwrap"
                  else ", NOT contained (no bubblewrap on the grading machine)")
+    notes += flags
+    hidden: Implementation | None = None
     try:
-        return grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start)
+        if "scheduler" in rubric.parts and plan.counts()["hidden"] and not plan.hidden_visible:
+            hidden = _hidden_child(submission, rubric, sandbox, guard)
+        result = grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start, hidden=hidden)
     finally:
         impl.close()
+        if hidden is not None:
+            hidden.close()
+    if guard.found and guard.refuse:
+        return _kit_used(submission.name, rubric, notes, start, guard, flags)
+    flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
+    if flags:
+        result.extra["flags"] = flags
+    return result
+
+
+def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard,
+              role: str = "") -> IsolatedImplementation:
+    return IsolatedImplementation(submission.name, submission.load, rubric.limits,
+                                  label=f"submission {submission.name!r}{role}", mode=sandbox,
+                                  runtimes=rubric.runtimes, guard=guard)
+
+
+def _kit_used(name: str, rubric: Rubric, notes: list[str], start: float, guard: KitGuard,
+              flags: list[str]) -> SubmissionResult:
+    """Every test 0: the submission used the kit's code, which the rubric refuses (``kit_imports``)."""
+    uses = guard.uses()
+    reason = (f"it uses the kit's own code, and the kit is what judges it (the reference is not a submission): "
+              f"{'; '.join(uses)}. Remove that use and submit again; a course that allows it sets [grading] "
+              f"kit_imports = \"allow\" in the rubric")
+    return _refuse(name, rubric, notes, start, reason, flags + [f"uses the kit's code: {use}" for use in uses])
+
+
+class _Unavailable(Implementation):
+    """Stands for a child that could not start: every run is broken, saying why."""
+
+    def __init__(self, spec: str, why: str) -> None:
+        self.spec, self.source, self.namespace, self.why = spec, "not started", None, why
+        self.fn = None
+
+    def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
+        raise BrokenOutput(self.why)
+
+    def close(self) -> None:
+        pass
+
+
+def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard) -> Implementation:
+    """The submission once more, in a child of its own that runs only the hidden workloads.
+
+    That child never answers a visible test, so nothing it saw (a hidden trace
+    it remembers, prints or raises) can reach a student-visible output through
+    a later visible call; its messages go only to hidden-failures.txt.
+    """
+    try:
+        return _isolated(submission, rubric, sandbox, guard, " (hidden workloads)")
+    except ImplementationError as exc:
+        return _Unavailable(submission.name, f"the child for the hidden workloads could not start: {exc}")
+
+
+def _refuse(name: str, rubric: Rubric, notes: list[str], start: float, reason: str,
+            flags: list[str]) -> SubmissionResult:
+    """Every test 0, saying why the submission is refused (a link, an import of the kit)."""
+    tests = unjudged(rubric, f"the submission is refused: {reason}")
+    return _finish(name, rubric, tests, notes + [f"refused: {reason}"], start, flags=flags)
+
+
+def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
+    """Why a program submission's command cannot run in the sandbox (see ``manifest``), or None."""
+    from .manifest import command_problem
+
+    command = submission.load.command
+    return command_problem(command, submission.path, rubric.runtimes) if command else None
 
 
 def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: Plan, out_dir: Path,
-                         notes: list[str] | None = None, start: float | None = None) -> SubmissionResult:
+                         notes: list[str] | None = None, start: float | None = None,
+                         hidden: Implementation | None = None) -> SubmissionResult:
     """Grade an already loaded implementation (the sandboxed one of ``grade_submission``, or any other).
 
-    Only ``grade_submission`` keeps the grader safe from the code it grades;
-    this is the judging it shares with, e.g., an in-process baseline.
+    ``hidden``: what runs the hidden workloads (default ``impl`` itself); ``grade_submission`` gives a child
+    of their own when they are hidden from students.  Only ``grade_submission`` keeps the grader safe from
+    the code it grades; this is the judging it shares with, e.g., an in-process baseline.
     """
     start = time.monotonic() if start is None else start
     notes = [f"{name}: graded by pytest-cbatch", plan.generation] if notes is None else notes
@@ -90,9 +186,11 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     tests: list[TestResult] = []
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
-        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent) for c in ALL_CLAUSES]
+        tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
+                  for c in contract_clauses(rubric)]
     elif "scheduler" in rubric.parts:
-        tests += _contract_tests(Judge(impl), plan, replay_spec, out_dir, hidden_log)
+        judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
+        tests += _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
@@ -102,12 +200,16 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     return _finish(name, rubric, tests, notes, start)
 
 
-def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float) -> SubmissionResult:
+def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
+            flags: list[str] | None = None) -> SubmissionResult:
+    """The result of ``tests``; ``flags`` (what the instructor should look at) go to summary.csv's column."""
     expected = rubric_tests(rubric)
     assert [t.name for t in tests] == expected, "every submission of a run is graded on the same tests"
     apply_rubric(tests, rubric)
-    result = SubmissionResult(name, tests, "", time.monotonic() - start,
-                              extra={"seed": rubric.seed, "rubric": Path(rubric.source).name})
+    extra: dict[str, Any] = {"seed": rubric.seed, "rubric": Path(rubric.source).name}
+    if flags:
+        extra["flags"] = list(flags)
+    result = SubmissionResult(name, tests, "", time.monotonic() - start, extra=extra)
     failed = [t.name for t in tests if not t.passed and t.max_score]
     notes.append(f"score {result.score:g} / {result.max_score:g}"
                  + (f"; failed: {', '.join(failed)}" if failed else "; every test passed"))
@@ -125,12 +227,17 @@ def rubric_tests(rubric: Rubric) -> list[str]:
 
     names: list[str] = []
     if "scheduler" in rubric.parts:
-        names += [f"contract.{c}" for c in ALL_CLAUSES]
+        names += [f"contract.{c}" for c in contract_clauses(rubric)]
     if "lifecycle" in rubric.parts:
         names += list(LIFECYCLE_CLAUSES)
     if "numerics" in rubric.parts:
         names += _numeric_names(rubric)
     return names
+
+
+def contract_clauses(rubric: Rubric) -> tuple[str, ...]:
+    """The contract clauses graded under ``rubric``: course_results too when it says ``course = true``."""
+    return judged_clauses(OPT_IN_CLAUSES if rubric.course else ())
 
 
 def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
@@ -150,50 +257,109 @@ def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
 # ------------------------------------------------------------------ contract
 
 
-def _contract_tests(judge: Judge, plan: Plan, spec: str, out_dir: Path, hidden_log: list[str]) -> list[TestResult]:
-    tallies = {cid: _Tally() for cid in ALL_CLAUSES}
+def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
+                    hidden_log: list[str]) -> list[TestResult]:
+    """One test per clause.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those."""
+    tallies = {cid: _Tally() for cid in clauses}
     for case in plan.cases:
-        for cid in ALL_CLAUSES:
+        judge = judges["hidden" if case.kind == "hidden" else "visible"]
+        withheld = case.kind == "hidden" and not plan.hidden_visible
+        for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
-            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config))
+            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config), withheld)
     for case in plan.invalid:
-        _count(tallies["invalid_input_refused"], case, judge.judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judge, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in ALL_CLAUSES]
+        _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
+    return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
 
 
-def _count(tally: _Tally, case: Case, result: ClauseResult) -> None:
+def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
+    """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it.
+
+    A skip the submission caused (it failed ``completes`` or ``schema_valid`` there, or its report hid what the
+    clause needs) is never a pass: ``blocked``, or a hidden failure."""
+    blocked = result.status == "skip" and bool(result.blocked_by or result.unobservable)
+    if result.status == "skip" and not blocked:
+        if not withheld:
+            tally.skipped.append(result.reason)
+        return
+    if withheld:
+        tally.hidden_ran += 1
+        if blocked or result.status == "fail":
+            tally.hidden_failed.append((case, result))
+        return
+    if blocked:
+        tally.blocked.append((case, result))
+        return
     if result.status == "skip":
-        tally.skipped.append(result.reason)
+        if not withheld:
+            tally.skipped.append(result.reason)
+        return
+    if withheld:
+        tally.hidden_ran += 1
+        if result.status == "fail":
+            tally.hidden_failed.append((case, result))
         return
     tally.ran += 1
     if result.status == "fail":
         tally.failed.append((case, result))
 
 
-def _clause_test(judge: Judge, cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
+def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
                  hidden_log: list[str]) -> TestResult:
+    """The clause's test.  What hidden workloads contribute to its student-visible output, when the rubric
+    hides them, is only whether any failed it: never which, how many, their skips or their messages."""
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran:
+    if not tally.ran and not tally.blocked and not tally.hidden_ran:
         reason = tally.skipped[0] if tally.skipped else "no workload applies"
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
+    for case, result in tally.hidden_failed:
+        hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)[0]
+                          if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
-    if not tally.failed:
-        return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})", tags=tags)
-    shown = [(c, r) for c, r in tally.failed if c.kind != "hidden" or plan.hidden_visible]
-    withheld = len(tally.failed) - len(shown)
+    withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
+    if not tally.failed and not tally.blocked and not tally.hidden_failed:
+        return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
+                          + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
+    lines = [_blocked_line(cid, tally, plan)] if tally.blocked else []
+    if tally.failed:
+        lines.append(f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
+                     + _labels(tally.failed, 0))
+    elif tally.ran:
+        lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
+    if tally.hidden_failed:
+        lines.append("it also failed on hidden workloads (which and how many is withheld)")
+    picture = None
+    if tally.failed:
+        first_case = tally.failed[0][0]
+        text, picture = _explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid,
+                                 *tally.failed[0], spec, out_dir)
+        lines.append(text)
+    return TestResult(name, False, "\n".join(lines), tags=tags, picture=picture)
+
+
+def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
+    """The first workloads' labels, then how many more, and how many hidden ones are withheld."""
     labels = [c.label for c, _ in shown[:_SHOWN_LABELS]]
     more = len(shown) - len(labels)
-    lines = [f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
-             + ", ".join(labels) + (f" and {more} more" if more else "")
-             + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else "")]
-    if shown:
-        lines.append(_explain(judge, cid, *shown[0], spec, out_dir))
-    for case, result in tally.failed:
-        if case.kind == "hidden" and not plan.hidden_visible:
-            hidden_log.append(_explain(judge, cid, case, result, spec, out_dir, write=False))
-    return TestResult(name, False, "\n".join(lines), tags=tags)
+    return (", ".join(labels) + (f" and {more} more" if more else "")
+            + (f"{'; plus ' if labels else ''}{withheld} hidden workload(s), details withheld" if withheld else ""))
+
+
+def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
+    """Why the workloads the clause never saw count against it: the clause the submission failed there."""
+    by: dict[str, list[tuple[Case, ClauseResult]]] = {}
+    for case, result in tally.blocked:
+        by.setdefault(result.blocked_by or "an unobservable report", []).append((case, result))
+    parts = []
+    for cause, cases in by.items():
+        shown = [(c, r) for c, r in cases if c.kind != "hidden" or plan.hidden_visible]
+        what = (f"the submission failed {cause} there" if cause in ("completes", "schema_valid")
+                else "its report did not show what the clause needs (it declared the events it observes)")
+        parts.append(f"{len(cases)} workload(s) because {what}: {_labels(shown, len(cases) - len(shown))}")
+    return (f"not passed: {cid} could not be judged on " + "; on ".join(parts)
+            + " (a workload the submission failed is not one its clauses passed)")
 
 
 def _kinds(tally: _Tally, plan: Plan) -> str:
@@ -202,12 +368,16 @@ def _kinds(tally: _Tally, plan: Plan) -> str:
     if counts["hidden"]:
         parts.append(f"{counts['hidden']} hidden")
     if tally.skipped:
-        parts.append(f"{len(tally.skipped)} skipped")
+        parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")
+    if tally.blocked:
+        parts.append(f"{len(tally.blocked)} not judged, counted as not passed")
     return "of " + ", ".join(parts)
 
 
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
-             write: bool = True) -> str:
+             write: bool = True) -> tuple[str, str | None]:
+    """The failure's text and, when it is written for the student (``write``) and its workload is not
+    hidden, its picture as an HTML fragment (the page itself is written beside the trace)."""
     trace, original = [dict(line) for line in case.trace], len(case.trace)
     if cid != "invalid_input_refused" and not ((out := judge.run(trace, case.config).outcome).broken or out.stopped):
         smaller = shrink_trace(judge, cid, trace, case.config, max_runs=40)
@@ -218,9 +388,19 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     if write:
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
-                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original)
-    return text + (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
-                   f"run the replay command there)" if write else "")
+                           config=case.config, report=result.report, trace_path=filename, shrunk_from=original,
+                           stack=result.stack, stopped=result.stopped)
+    text += (f"\n  (the trace above is {filename}, saved beside results.json: put it in your folder and "
+             f"run the replay command there)" if write else "")
+    if not write or case.kind == "hidden":  # a hidden workload is never drawn for the student
+        return text, None
+    from ..picture import failure_page, schedule_fragment
+
+    replay = replay_command(spec, filename, case.config, cid)
+    page = failure_page(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
+                        report=result.report, replay=replay, text=text)
+    (out_dir / filename.replace(".jsonl", ".html")).write_text(page, encoding="utf-8")
+    return text, schedule_fragment(result.report, result.violations)
 
 
 # ----------------------------------------------------------------- lifecycle
@@ -241,10 +421,12 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             if old is None or _RANK[status] > _RANK[old[0]]:
                 merged[cid] = (status, f"[{part}] {message}".rstrip())
     tests = []
+    program = getattr(impl, "sources", {}).get("simulate", "")   # "exec:COMMAND" for a program submission
     for cid in LIFECYCLE_CLAUSES:
         if cid not in merged:  # every part that judges it is absent from this submission
             parts = [p for p in PARTS if cid in PART_CLAUSES[p]]
-            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=_absent(parts, namespace)))
+            absent = _program_lacks(program) if program.startswith("exec:") else _absent(parts, namespace)
+            tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
         status, message = merged[cid]
         if status == "skip":
@@ -252,8 +434,18 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=reason))
             continue
         text = {"pass": "passed", "fail": "failed", "error": "not judged (the run broke down)"}[status]
-        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"]))
+        tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"],
+                                picture=_lifecycle_picture(cid, message) if status == "fail" else None))
     return tests
+
+
+def _lifecycle_picture(cid: str, message: str) -> str:
+    """A failing lifecycle clause's steps, the failing one marked, the pool after each (an HTML fragment; the
+    test's text follows it on Gradescope)."""
+    from ..picture.lifecycle import lifecycle_section
+
+    return lifecycle_section(cid, message.partition("] ")[2] if message.startswith("[") else message,
+                             with_text=False)
 
 
 _RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}
@@ -272,6 +464,14 @@ def _absent(parts: list[str], namespace: Any) -> str:
             f"part{'s' if len(parts) > 1 else ''} {', '.join(parts)} need"
             f"{'' if len(parts) > 1 else 's'}. A course whose assignment has no lifecycle part leaves it out "
             f"of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 points)")
+
+
+def _program_lacks(program: str) -> str:
+    return (f"this submission is a program ({program[len('exec:'):]!r}, from its cbatch.toml), which answers "
+            f"simulate over stdin and stdout only: the lifecycle classes (PagedKV, RecomputeRequest, "
+            f"TransferManager) are Python objects it cannot expose. A course that accepts other languages leaves "
+            f"the lifecycle part out of the rubric: [grading] parts = [\"scheduler\"] (or gives lifecycle.* 0 "
+            f"points)")
 
 
 def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..spelling import unknown_name
 from ..workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS
 from .rubric import Rubric
 
@@ -84,9 +85,9 @@ def load_hidden_trace(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]
         raise ValueError(f"{path.name}:1: the header is not JSON ({exc.msg})") from None
     if not isinstance(header, dict) or set(header) != {"config"} or not isinstance(header["config"], dict):
         raise ValueError(f'{path.name}:1: the first line must be a header {{"config": {{...}}}}, got {lines[:1]}')
-    unknown = sorted(set(header["config"]) - set(_CONFIG_KEYS))
+    unknown = [key for key in header["config"] if key not in _CONFIG_KEYS]
     if unknown:
-        raise ValueError(f"{path.name}:1: unknown setting(s) {', '.join(unknown)}; known: {', '.join(_CONFIG_KEYS)}")
+        raise ValueError(f"{path.name}:1: {unknown_name('setting', unknown[0], _CONFIG_KEYS)}")
     trace = []
     for number, line in enumerate(lines[1:], start=2):
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import html
 import json
 import os
 from dataclasses import dataclass, field
@@ -27,15 +28,22 @@ class TestResult:
     visibility: str = "visible"
     tags: list[str] = field(default_factory=list)
     unjudged: str | None = None
+    picture: str | None = None  # the failure's picture (an HTML fragment): Gradescope shows it above the text
 
     @property
     def score(self) -> float:
         return self.max_score if self.passed else 0.0
 
     def gradescope(self) -> dict[str, Any]:
-        return {"name": self.name, "score": self.score, "max_score": self.max_score,
-                "status": "passed" if self.passed else "failed", "output": self.output,
-                "visibility": self.visibility, "tags": list(self.tags)}
+        """This test in results.json: with a picture, the output is HTML (the picture, then the text in a
+        ``<pre>``) and ``output_format`` says so; otherwise plain text."""
+        out = {"name": self.name, "score": self.score, "max_score": self.max_score,
+               "status": "passed" if self.passed else "failed", "output": self.output,
+               "visibility": self.visibility, "tags": list(self.tags)}
+        if self.picture and not self.passed:
+            out["output"] = f"{self.picture}\n<pre>{html.escape(self.output)}</pre>"
+            out["output_format"] = "html"
+        return out
 
 
 @dataclass
@@ -73,18 +81,23 @@ def write_json(path: Path, document: Any) -> None:
 
 
 def write_summary(path: Path, results: Sequence[SubmissionResult]) -> None:
-    """``summary.csv``: a row per submission (name, score, max, seconds) and a column per test (its score)."""
+    """``summary.csv``: a row per submission (name, score, max, seconds, flags) and a column per test (its score).
+
+    ``flags`` lists what the instructor should look at (a refused link, an import of the kit, what the copy
+    left out), ``; ``-separated; empty for an ordinary submission.
+    """
     names: list[str] = []
     for result in results:
         names += [t.name for t in result.tests if t.name not in names]
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
-        writer.writerow(["submission", "score", "max_score", "execution_time", *names])
+        writer.writerow(["submission", "score", "max_score", "execution_time", "flags", *names])
         for result in sorted(results, key=lambda r: r.name):
             scores = {t.name: t.score for t in result.tests}
             writer.writerow([result.name, _num(result.score), _num(result.max_score),
-                             round(result.execution_time, 3), *(_num(scores[n]) if n in scores else "" for n in names)])
+                             round(result.execution_time, 3), "; ".join(result.extra.get("flags", [])),
+                             *(_num(scores[n]) if n in scores else "" for n in names)])
     os.replace(tmp, path)
 
 

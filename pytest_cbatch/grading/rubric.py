@@ -12,9 +12,13 @@ shipped ``default_rubric.toml``)::
     numerics_dtypes = ["float64"]
     parts = ["scheduler", "lifecycle", "numerics"]   # what the assignment has: the tests of the others are left out
     sandbox = "auto"           # "auto", "bwrap" (required: grading fails without it) or "process"
+    course = false             # true: also grade contract.course_results, the course's exact results
+    runtimes = []              # language runtimes outside /usr a program submission may use (absolute folders)
+    kit_imports = "refuse"     # a submission that uses the kit's code (its reference) scores 0; "allow": graded
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
+    import_seconds = 60        # the start-up import
 
     [hidden]
     traces = "hidden"          # folder of JSONL traces, relative to the rubric (or --traces DIR)
@@ -38,13 +42,16 @@ Visibility is Gradescope's: ``visible``, ``after_due_date``, ``hidden``,
 from __future__ import annotations
 
 import fnmatch
+import math
+import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..sandbox import SANDBOX_MODES, Limits
+from ..spelling import unknown_name
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,7 +63,11 @@ __all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
-                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str}
+                 "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
+                 "runtimes": list, "kit_imports": str}
+
+
+_KIND_NAMES = {bool: "boolean (true or false)"}
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,9 @@ class Rubric:
     numerics_dtypes: tuple[str, ...] = ("float64",)
     parts: tuple[str, ...] = PARTS
     sandbox: str = "auto"
+    course: bool = False
+    runtimes: tuple[str, ...] = ()
+    kit_imports: str = "refuse"  # "allow": a submission may use the kit's code (still flagged in summary.csv)
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -106,20 +120,21 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{source}: not valid TOML: {exc}") from None
-    unknown = sorted(set(data) - {"grading", "limits", "hidden", "tests"})
-    if unknown:
-        raise ValueError(f"{source}: unknown table(s) {', '.join(unknown)}; known: grading, limits, hidden, tests")
+    _known(data, ("grading", "limits", "hidden", "tests"), f"{source}:", "table")
     grading = _grading(data.get("grading", {}), source)
     hidden = data.get("hidden", {})
-    extra = sorted(set(hidden) - {"traces", "visibility"})
-    if extra:
-        raise ValueError(f"{source}: [hidden] has unknown key(s) {', '.join(extra)}; known: traces, visibility")
+    _known(hidden, ("traces", "visibility"), f"{source}: [hidden]", "key")
+    limits = data.get("limits", {})
+    _known(limits, [f.name for f in fields(Limits) if f.name != "names"], f"{source}: [limits]", "key")
+    for key, value in limits.items():  # nan passes every comparison and inf never fires: neither is a limit
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{source}: [limits].{key}: must be a positive, finite number, got {value!r}")
     traces = hidden.get("traces")
     if traces is not None and base is None:
         raise ValueError(f"{source}: [hidden].traces needs a rubric file to be relative to")
     return Rubric(
         source=source,
-        limits=Limits.from_mapping(data.get("limits", {}), f"{source}: [limits]"),
+        limits=Limits.from_mapping(limits, f"{source}: [limits]"),
         hidden_traces=(base / traces) if traces is not None and base is not None else None,
         hidden_visibility=_visibility(hidden.get("visibility", "hidden"), f"{source}: [hidden].visibility"),
         rules=tuple(_rule(pattern, value, source) for pattern, value in data.get("tests", {}).items()),
@@ -127,14 +142,23 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     )
 
 
+def _known(values: Mapping[str, Any], known: Sequence[str], where: str, what: str) -> None:
+    """ValueError naming the first key of ``values`` not in ``known``, and the nearest known one."""
+    if not isinstance(values, Mapping):
+        raise ValueError(f"{where} must be a table, got {values!r}")
+    for key in values:
+        if key not in known:
+            raise ValueError(f"{where} {unknown_name(what, key, known)}")
+
+
 def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
+    _known(values, list(_GRADING_KEYS), f"{source}: [grading]", "key")
     out: dict[str, Any] = {}
     for key, value in values.items():
-        kind = _GRADING_KEYS.get(key)
-        if kind is None:
-            raise ValueError(f"{source}: [grading] has unknown key {key!r}; known: {', '.join(_GRADING_KEYS)}")
-        if isinstance(value, bool) or not isinstance(value, kind):
-            raise ValueError(f"{source}: [grading].{key} must be a {kind.__name__}, got {value!r}")
+        kind = _GRADING_KEYS[key]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            kind_name = _KIND_NAMES.get(kind, kind.__name__)
+            raise ValueError(f"{source}: [grading].{key} must be a {kind_name}, got {value!r}")
         out[key] = tuple(value) if kind is list else value
     if out.get("numerics", "auto") not in ("auto", "off"):
         raise ValueError(f"{source}: [grading].numerics must be \"auto\" or \"off\", got {out['numerics']!r}")
@@ -144,6 +168,12 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
     if out.get("sandbox", "auto") not in SANDBOX_MODES:
         raise ValueError(f"{source}: [grading].sandbox must be one of {', '.join(SANDBOX_MODES)}, "
                          f"got {out['sandbox']!r}")
+    for folder in out.get("runtimes", ()):
+        if not isinstance(folder, str) or not os.path.isabs(folder) or not os.path.isdir(folder):
+            raise ValueError(f"{source}: [grading].runtimes must list absolute paths of folders on this machine "
+                             f"(a runtime's install folder, e.g. \"/opt/node-v22\"), got {folder!r}")
+    if out.get("kit_imports", "refuse") not in ("refuse", "allow"):
+        raise ValueError(f"{source}: [grading].kit_imports must be \"refuse\" or \"allow\", got {out['kit_imports']!r}")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant
 
 from ..bounded import CallTimedOut, implementation_frames
 from ..explain import stack_lines
+from ..plain import NotPlain, describe, exception_text, plain
 from .clauses import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, LifecycleViolation, StoppedViolation
 from .oracle import PoolOracle
 
@@ -119,12 +120,12 @@ def surface_names(expr: str) -> set[str]:
 
 def field_of(obj: Any, name: str) -> Any:
     """A field of plain data whose form the published text leaves open: a mapping's key or an attribute."""
-    return obj[name] if isinstance(obj, Mapping) else getattr(obj, name)
+    return obj[name] if issubclass(type(obj), Mapping) else getattr(obj, name)
 
 
 def field_expr(variable: str, obj: Any, name: str) -> str:
     """How ``field_of(obj, name)`` reads in a replay script."""
-    return f"{variable}[{name!r}]" if isinstance(obj, Mapping) else f"{variable}.{name}"
+    return f"{variable}[{name!r}]" if issubclass(type(obj), Mapping) else f"{variable}.{name}"  # type(): no code of obj
 
 
 def _exception_name(exc: type[BaseException]) -> str:
@@ -200,7 +201,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         """End the search if ``exc`` says the call ``code`` did not return in time (``StoppedViolation``)."""
         if isinstance(exc, CallTimedOut):
             self.failed = True
-            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}",
+            stack = getattr(exc, "stack", "")  # a sandbox child's stack shortly before the limit, if it sent one
+            where = ("\n  its stack when it was stopped (most recent call last):\n"
+                     + "\n".join("  " + line for line in stack.rstrip().splitlines())) if stack else ""
+            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}{where}",
                                                        "\n".join([*self.script, code])))
             self.stops.append(stop)  # should Hypothesis report its own error for the example this cuts short
             raise stop
@@ -208,15 +212,26 @@ class LifecycleMachine(RuleBasedStateMachine):
     def record(self, line: str) -> None:
         self.script.append(line)
 
-    def observe(self, clause: str, expr: str, fn: Callable[[], Any]) -> Any:
-        """Evaluate a read of the implementation's state; an exception violates ``clause``."""
+    def observe(self, clause: str, expr: str, fn: Callable[[], Any], *, data: bool = True) -> Any:
+        """Evaluate a read of the implementation's state; an exception violates ``clause``.  With ``data``
+        (a value the checks compare and print, not an object to call) it is taken through the trust boundary
+        (``plain``): what is not plain data violates ``clause`` too."""
         if self.read_log is not None:
             self.reading(clause, *surface_names(expr))
         try:
-            return fn()
+            value = fn()
         except Exception as exc:
             self.stop_if_timed_out(clause, expr, exc)
-            self.fail(clause, f"{expr} raised {type(exc).__name__}: {exc}", expr)
+            self.fail(clause, f"{expr} raised {exception_text(exc)}", expr)
+        return self.checked(clause, expr, value) if data else value
+
+    def checked(self, clause: str, expr: str, value: Any) -> Any:
+        """``value``, which ``expr`` gave, as plain data (``plain(..., lifecycle=True)``); else a violation of
+        ``clause`` naming where it is not."""
+        try:
+            return plain(value, lifecycle=True)
+        except NotPlain as exc:
+            self.fail(clause, f"{expr} gave {exc.problem}" + (f" at {exc.path}" if exc.path else ""), expr)
 
     def reading(self, clause: str, *names: str) -> None:
         """Log the published names a check of ``clause`` reads (see ``read_log``)."""
@@ -230,9 +245,9 @@ class LifecycleMachine(RuleBasedStateMachine):
             result = fn(*args)
         except Exception as exc:
             self.stop_if_timed_out(clause, code, exc)
-            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}{why and f' ({why})'}{_crash(exc)}", code)
+            self.fail(clause, f"{code} raised {exception_text(exc)}{why and f' ({why})'}{_crash(exc)}", code)
         self.record(f"_ = {code}" if capture else code)
-        return result
+        return self.checked(clause, code, result) if capture else result
 
     def must_raise(self, clause: str, code: str, fn: Callable[..., Any], *args: Any,
                    expected: tuple[type[BaseException], ...], returns: Any = (), why: str = "") -> Any:
@@ -247,13 +262,13 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.stop_if_timed_out(clause, code, exc)
             allowed = _names(expected) + (" or return" if returns is ANY else
                                           "".join(f" or return {value!r}" for value in returns))
-            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc}; expected {allowed}{why and f' ({why})'}"
+            self.fail(clause, f"{code} raised {exception_text(exc)}; expected {allowed}{why and f' ({why})'}"
                               f"{_crash(exc)}", code)
         if returns is ANY or any(result is value for value in returns):
             self.record(code)
             return result
         allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
-        self.fail(clause, f"{code} returned {result!r}; expected it to raise {allowed}{why and f' ({why})'}",
+        self.fail(clause, f"{code} returned {_shown(result)}; expected it to raise {allowed}{why and f' ({why})'}",
                   f"try: _ = {code}", f"except ({', '.join(_exception_name(t) for t in expected)},): pass",
                   f"else: raise AssertionError(f'returned {{_!r}}, expected {allowed}')")
         return None
@@ -267,8 +282,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.expect(got is want, clause, f"{code} returned {got!r}, expected {want!r}{why and f' ({why})'}",
                     f"assert _ is {want!r}, _")
 
-    def attribute(self, clause: str, variable: str, obj: Any, name: str) -> Any:
-        return self.observe(clause, f"{variable}.{name}", lambda: getattr(obj, name))
+    def attribute(self, clause: str, variable: str, obj: Any, name: str, *, data: bool = True) -> Any:
+        return self.observe(clause, f"{variable}.{name}", lambda: getattr(obj, name), data=data)
 
     def member(self, clause: str, variable: str, obj: Any, name: str) -> Any:
         """A field of plain data the published text shows in neither form: a mapping's key or an attribute."""
@@ -278,7 +293,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     def start_pool(self, capacity: int, block_size: int) -> None:
         code = f"pool = PagedKV({capacity}, {block_size})"
-        self.pool = self.observe(PC, code, lambda: self.impl.PagedKV(capacity, block_size))
+        self.pool = self.observe(PC, code, lambda: self.impl.PagedKV(capacity, block_size), data=False)
         self.record(code)
         self.oracle = PoolOracle(capacity, block_size)
         self.started = True
@@ -311,7 +326,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         """Every pin's pages still read the rows the oracle says they hold."""
         if not self.oracle.pins:
             return
-        probe = next(iter(self.observe(clause, "pool.pages", lambda: list(self.pool.pages.values()))), None)
+        probe = next(iter(self.observe(clause, "pool.pages", lambda: list(self.pool.pages.values()), data=False)), None)
         for name in self.oracle.pins:
             expr = f"[t for p in pool.transfers[{name!r}] for t in {field_expr('pool.pages[p]', probe, 'tokens')}]"
             got = self.observe(clause, expr, lambda name=name: [
@@ -384,7 +399,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         free = self.observe(PC, "list(pool.free)", lambda: list(pool.free))
         self.expect(len(set(free)) == len(free), PC, f"after {context}: pool.free lists a page twice: {free!r}",
                     "assert len(set(pool.free)) == len(pool.free), pool.free")
-        pages = self.observe(PC, "dict(pool.pages)", lambda: dict(pool.pages))
+        pages = self.observe(PC, "dict(pool.pages)", lambda: dict(pool.pages), data=False)  # page records
+        self.checked(PC, "set(pool.pages)", set(pages))
         both = sorted(set(free) & set(pages), key=repr)
         self.expect(not both, PC, f"after {context}: pages {both!r} are in pool.free and in pool.pages",
                     "assert not set(pool.free) & set(pool.pages)")
@@ -434,7 +450,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.check_views("the last step")
         for owner in self.readable():
             self.expect_rows("lifecycle.read_matches_history", owner, "the last step")
-        self.observe("lifecycle.self_check", "pool.check()", self.pool.check)
+        self.observe("lifecycle.self_check", "pool.check()", self.pool.check, data=False)
 
     # -------------------------------------------------------------- teardown
 
@@ -466,6 +482,14 @@ def bind(base: type[LifecycleMachine], part: str, impl: object,
     attrs = {"impl": impl, "part": part, "disabled": frozenset(disabled), "header": tuple(import_lines(impl)),
              "shortest": Shortest(), "stops": [], "__doc__": base.__doc__, "__module__": base.__module__}
     return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
+
+
+def _shown(value: Any) -> str:
+    """``repr`` of a value the implementation returned, once it is plain data; else what it is."""
+    try:
+        return repr(plain(value, lifecycle=True))
+    except NotPlain:
+        return describe(value)
 
 
 def _crash(exc: BaseException) -> str:

@@ -73,7 +73,7 @@ class _RecomputeMachine(LifecycleMachine):
         code = f"{model.variable} = RecomputeRequest(pool, {model.owner!r}, {prompt!r})"
         self.handles[model.variable] = self.observe(
             "lifecycle.request_arguments", code,
-            lambda: self.impl.RecomputeRequest(self.pool, model.owner, list(prompt)))
+            lambda: self.impl.RecomputeRequest(self.pool, model.owner, list(prompt)), data=False)
         self.record(code)
         self.requests.append(model)
 
@@ -205,7 +205,7 @@ class _RecomputeMachine(LifecycleMachine):
         self.expect_free(clause, code)
         self.expect_events(clause, model, code, kinds_only=True)
         # the invariant judges check() of live requests only; a cancelled one is a reachable state too
-        self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check)
+        self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check, data=False)
 
     def misuse(self, model: _Request, method: str) -> None:
         """A call the request's state does not allow: ValueError or False, and no change."""
@@ -220,7 +220,7 @@ class _RecomputeMachine(LifecycleMachine):
     def refused(self, clause: str, model: _Request, method: str, shown: str, *args: Any, why: str,
                 returns: tuple[Any, ...] = (False,)) -> None:
         code = f"{model.variable}.{method}({shown})"
-        fn = self.attribute(clause, model.variable, self.handles[model.variable], method)
+        fn = self.attribute(clause, model.variable, self.handles[model.variable], method, data=False)
         self.must_raise(clause, code, fn, *args, expected=(ValueError,), returns=returns, why=why)
         self.expect_state(clause, model, code)
         self.expect_outputs(clause, model, code)
@@ -314,7 +314,7 @@ class _RecomputeMachine(LifecycleMachine):
             if model.state == "active":
                 self.expect_rows("lifecycle.active_rows", model.owner, "the last step")
             self.expect_request(model, "the last step")
-            self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check)
+            self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check, data=False)
 
     def cleanup(self) -> None:
         for model in self.requests:

@@ -8,6 +8,7 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from ..plain import exception_text
 from .clauses import ABORT_REASONS
 from .machine import PICK, LifecycleMachine, bind, choose, field_expr, judged
 from .oracle import pages_for
@@ -57,7 +58,8 @@ class _TransferMachine(LifecycleMachine):
     def setup(self, capacity: int, block_size: int) -> None:
         self.start_pool(capacity, block_size)
         code = "manager = TransferManager(pool)"
-        self.manager = self.observe("lifecycle.transfer_records", code, lambda: self.impl.TransferManager(self.pool))
+        self.manager = self.observe("lifecycle.transfer_records", code, lambda: self.impl.TransferManager(self.pool),
+                                    data=False)
         self.record(code)
 
     def stale_key(self) -> Any:
@@ -98,6 +100,8 @@ class _TransferMachine(LifecycleMachine):
         snapshot = list(self.oracle.history(source))
         needed = pages_for(len(snapshot), self.oracle.block_size)
         generation = self.observe("lifecycle.key_fresh", "manager.generation", lambda: self.manager.generation)
+        self.expect(type(generation) is int, "lifecycle.key_fresh", f"manager.generation == {generation!r}, "
+                    f"expected an integer", "assert isinstance(manager.generation, int), manager.generation")
         why = f"{len(snapshot)} rows need {needed} destination pages, {self.oracle.free()} free"
         if needed > self.oracle.free():
             self.must_raise("lifecycle.begin_rollback", code, self.manager.begin, source, room,
@@ -107,7 +111,9 @@ class _TransferMachine(LifecycleMachine):
             self.expect_free("lifecycle.begin_rollback", code)
             self.expect_rooms("lifecycle.begin_rollback", code)
             return
-        key = self.call("lifecycle.begin_rollback", f"{variable} = {code}", self.manager.begin, source, room, why=why)
+        key = self.checked("lifecycle.begin_rollback", code,
+                           self.call("lifecycle.begin_rollback", f"{variable} = {code}", self.manager.begin, source,
+                                     room, why=why))
         model = _Transfer(variable, key, source, room, snapshot)
         self.expect(key not in self.keys, "lifecycle.key_fresh", f"{variable} = {code} returned {key!r}, "
                     f"a key an earlier begin() returned", f"assert {variable} not in {self.keys!r}, {variable}")
@@ -133,7 +139,7 @@ class _TransferMachine(LifecycleMachine):
         model, key, shown = self.pick(pick, fitting, _CALLBACKS[method][0])
         code = f"manager.{method}({', '.join([shown, *map(repr, extra)])})"
         applies = model is not None and model.state == _CALLBACKS[method][0]
-        fn = self.attribute("lifecycle.callback_fencing", "manager", self.manager, method)
+        fn = self.attribute("lifecycle.callback_fencing", "manager", self.manager, method, data=False)
         clause = "lifecycle.callback_fencing" if not applies or method in ("complete",) else (
             "lifecycle.abort_retains" if method == "abort" else "lifecycle.drain_frees")
         got = self.call(clause, code, fn, key, *extra, capture=True)
@@ -259,8 +265,9 @@ class _TransferMachine(LifecycleMachine):
         except refusals:
             return
         except Exception as exc:
-            self.fail(clause, f"{code} raised {type(exc).__name__}: {exc} for a {state} transfer", code)
-        self.fail(clause, f"{code} returned {got!r} for a {state} transfer", f"{code}  # returns instead of raising")
+            self.fail(clause, f"{code} raised {exception_text(exc)} for a {state} transfer", code)
+        self.fail(clause, f"{code} returned {self.checked(clause, code, got)!r} for a {state} transfer",
+                  f"{code}  # returns instead of raising")
 
     def expect_generation(self, want: int, code: str) -> None:
         got = self.observe("lifecycle.key_fresh", "manager.generation", lambda: self.manager.generation)
@@ -280,10 +287,11 @@ class _TransferMachine(LifecycleMachine):
             return
         clause = "lifecycle.transfer_records"
         self.expect_rooms(clause, "the last step")
-        records = self.attribute(clause, "manager", self.manager, "records")
+        records = self.attribute(clause, "manager", self.manager, "records", data=False)
         for model in self.transfers:
             self.check_read(model, model.key, model.variable, record=False)
-            record = self.observe(clause, f"manager.records.get({model.variable})", lambda: records.get(model.key))
+            record = self.observe(clause, f"manager.records.get({model.variable})", lambda: records.get(model.key),
+                                  data=False)
             if record is None and model.state not in _LIVE:
                 continue  # a terminal record may be kept as a tombstone or dropped
             where = f"manager.records[{model.variable}]"
@@ -297,11 +305,11 @@ class _TransferMachine(LifecycleMachine):
                         f"assert {shown} == {model.state!r}, {shown}")
             for name, want in (("room", model.room), ("snapshot", tuple(model.snapshot)), ("reason", model.reason)):
                 got = self.member(clause, where, record, name)
-                got = tuple(got) if name == "snapshot" else got
+                got = tuple(got) if name == "snapshot" and isinstance(got, (list, tuple)) else got
                 shown = field_expr(where, record, name)
                 self.expect(got == want, clause, f"{shown} == {got!r}, expected {want!r}",
                             f"assert {'tuple(' + shown + ')' if name == 'snapshot' else shown} == {want!r}, {shown}")
-        self.observe("lifecycle.self_check", "manager.check()", self.manager.check)
+        self.observe("lifecycle.self_check", "manager.check()", self.manager.check, data=False)
 
     def cleanup(self) -> None:
         for model in self.transfers:

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Mapping, Sequence
 
 from . import LiveError, require
-from .client import Stream, build_payload, get_json, prompt_words, session, stream, url_for
+from .client import Stream, build_payload, choose_model, listed_models, prompt_words, session, stream, url_for
 from .prometheus import labelled_total, metric_total, parse_metrics
 
 __all__ = ["AbortResult", "check_abort", "main", "PROMPT_MARGIN"]
@@ -149,15 +149,12 @@ def _increase(after: float | None, before: float | None) -> float | None:
     return None if after is None or before is None else after - before
 
 
-async def _max_tokens(client: Any, base_url: str) -> tuple[str, int | None]:
-    """The first listed model and, where the listing says it, its ``max_model_len`` less the prompt margin."""
-    url = url_for(base_url, "/models")
-    doc = await get_json(client, url)
-    data = doc.get("data") if isinstance(doc, dict) else None
-    if not data or not isinstance(data[0], dict) or not data[0].get("id"):
-        raise LiveError(f"{url}: no model listed (expected {{'data': [{{'id': ...}}]}}), got {str(doc)[:120]}")
-    length = data[0].get("max_model_len")
-    return str(data[0]["id"]), (length - PROMPT_MARGIN if isinstance(length, int) else None)
+async def _max_tokens(client: Any, base_url: str, model: str | None) -> tuple[str, int | None]:
+    """The model to ask for (``model``, else the one listed) and, where the listing says it, its
+    ``max_model_len`` less the prompt margin."""
+    entry = choose_model(await listed_models(client, base_url), model, url_for(base_url, "/models"), "--model NAME")
+    length = entry.get("max_model_len")
+    return entry["id"], (length - PROMPT_MARGIN if isinstance(length, int) and not isinstance(length, bool) else None)
 
 
 async def _attempt(client: Any, probe: _Probe, url: str, model: str, n: int, max_tokens: int, attempt: int,
@@ -215,10 +212,10 @@ async def _attempt(client: Any, probe: _Probe, url: str, model: str, n: int, max
 
 
 async def _check(base_url: str, streams: int, max_tokens: int | None, deadline: float, free_within: float,
-                 attempts: int) -> AbortResult:
+                 attempts: int, model: str | None) -> AbortResult:
     url = url_for(base_url, "/completions")
     async with session(timeout=attempts * (3 * deadline + free_within) + 60.0) as client:
-        model, listed = await _max_tokens(client, base_url)
+        model, listed = await _max_tokens(client, base_url, model)
         max_tokens = max_tokens or listed
         if not max_tokens or max_tokens < 1:
             raise LiveError(f"{url_for(base_url, '/models')} lists no usable max_model_len; give max_tokens "
@@ -236,24 +233,27 @@ async def _check(base_url: str, streams: int, max_tokens: int | None, deadline: 
 
 
 def check_abort(base_url: str, *, streams: int = 4, max_tokens: int | None = None, deadline: float = 60.0,
-                free_within: float = 30.0, attempts: int = 3) -> AbortResult:
+                free_within: float = 30.0, attempts: int = 3, model: str | None = None) -> AbortResult:
     """Run the check (module docstring); LiveError naming the URL when the server cannot be used or no setup held.
 
     ``deadline`` bounds each wait of the setup (idle server, first tokens,
     the running gauge); ``free_within`` is the verdict's: how long after
-    closing the server may take to show running 0 and KV usage 0.
+    closing the server may take to show running 0 and KV usage 0.  ``model``
+    is the model asked for (None: the one ``/v1/models`` lists).
     """
     if streams < 1 or attempts < 1:
         raise ValueError(f"streams and attempts must be at least 1, got {streams} and {attempts}")
     from .replay import run_coroutine
 
-    return run_coroutine(_check(base_url, streams, max_tokens, deadline, free_within, attempts))
+    return run_coroutine(_check(base_url, streams, max_tokens, deadline, free_within, attempts, model))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The CLI: exit 0 when everything was freed, 1 when not, 2 when the server cannot be used."""
     parser = argparse.ArgumentParser(prog="python -m pytest_cbatch.live.abort", description=__doc__.split("\n")[0])
     parser.add_argument("--base-url", required=True, help="http://HOST:PORT of a server with vLLM's metric names")
+    parser.add_argument("--model", help="model id (default: the one /v1/models lists; needed when it lists none "
+                                         "or several)")
     parser.add_argument("--streams", type=int, default=4, help="streams opened and closed at once (default 4)")
     parser.add_argument("--max-tokens", type=int, default=None,
                         help=f"tokens each stream asks for (default: the listed max_model_len minus {PROMPT_MARGIN})")
@@ -265,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         result = check_abort(args.base_url, streams=args.streams, max_tokens=args.max_tokens, deadline=args.deadline,
-                             free_within=args.free_within, attempts=args.attempts)
+                             free_within=args.free_within, attempts=args.attempts, model=args.model)
     except (LiveError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -16,7 +16,8 @@ def _server_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base-url", help="http://HOST:PORT[/v1] (default: from --host and --port)")
     parser.add_argument("--host", default="127.0.0.1", help="server host (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="server port (default 8000)")
-    parser.add_argument("--model", help="model id (default: the first one /v1/models lists)")
+    parser.add_argument("--model", help="model id, as the server knows it (default: the one /v1/models lists; "
+                                         "needed when it lists none or several)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request (default 60)")
     parser.add_argument("--seed", type=int, default=0, help="prompt seed (default 0)")
 
@@ -35,7 +36,8 @@ def _length_args(parser: argparse.ArgumentParser, *, input_len: int, output_len:
 def serve_main(argv: Sequence[str]) -> int:
     """``cbatch serve``: the embedded OpenAI-compatible server, until interrupted."""
     from ..reference.scheduler_sim import CONFIG_CHOICES
-    from .backends import BACKENDS, NUMERICS
+    from .backends import BACKENDS
+    from .sampling import NUMERICS
     from .engine import SERVE_DEFAULTS
 
     parser = argparse.ArgumentParser(prog="cbatch serve", description="Serve the reference scheduler over "
@@ -150,8 +152,11 @@ def load_main(argv: Sequence[str]) -> int:
     except (LiveError, MissingExtra, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    knees = [r["level"] for r in results if r.get("knee")]
-    print(f"knee: {knees[0]:g}" if knees else "knee: none (every level scaled within --knee-threshold)")
+    from .plot import knee_interval
+
+    interval = knee_interval(results)
+    print(f"knee: between {interval[0]:g} and {interval[1]:g} ({interval[1]:g} gained less than "
+          f"--knee-threshold of linear)" if interval else "knee: none (every level scaled within --knee-threshold)")
     return 0
 
 

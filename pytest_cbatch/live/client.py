@@ -26,7 +26,7 @@ from .metrics import RequestRecord
 from .sse import SSEDecoder, StreamFormatError, choice_tokens, parse_data
 
 __all__ = ["API_ROUTES", "Stream", "Frame", "build_payload", "prompt_words", "post", "stream", "get_json",
-           "first_model", "session", "url_for"]
+           "MODEL_OPTION", "choose_model", "listed_models", "pick_model", "session", "url_for"]
 
 API_ROUTES = {"completions": "/completions", "chat": "/chat/completions"}
 
@@ -259,11 +259,40 @@ async def get_json(client: Any, url: str) -> Any:
         raise LiveError(f"{url}: the body is not JSON: {text[:120]!r}") from None
 
 
-async def first_model(client: Any, base_url: str) -> str:
-    """The first model id the server lists at ``/v1/models``."""
+MODEL_OPTION = "--cbatch-model NAME (ini cbatch_model; cbatch check, load and invariance: --model NAME)"
+_SHOWN_MODELS = 8     # model ids a message lists (the listing is the server's: bounded)
+
+
+async def listed_models(client: Any, base_url: str) -> list[dict[str, Any]]:
+    """The entries ``/v1/models`` lists that carry a string id (LiveError when the body is no listing)."""
     url = url_for(base_url, "/models")
     doc = await get_json(client, url)
     data = doc.get("data") if isinstance(doc, dict) else None
-    if not data or not isinstance(data[0], dict) or not data[0].get("id"):
-        raise LiveError(f"{url}: no model listed (expected {{'data': [{{'id': ...}}]}}), got {str(doc)[:120]}")
-    return str(data[0]["id"])
+    if not isinstance(data, list):
+        raise LiveError(f"{url}: not a model listing (expected {{'data': [{{'id': ...}}]}}), got {str(doc)[:120]}")
+    return [entry for entry in data if isinstance(entry, dict) and isinstance(entry.get("id"), str) and entry["id"]]
+
+
+def choose_model(listing: list[dict[str, Any]], named: str | None, url: str,
+                 option: str = MODEL_OPTION) -> dict[str, Any]:
+    """The listing's entry of the model to ask for: ``named`` (its entry, or just ``{"id": named}`` when the
+    server does not list it: ``transformers serve`` lists none for a model given by path), else the only
+    one listed.  LiveError when none is named and the listing has none or several, saying how to name one
+    (``option``)."""
+    if named:
+        return next((entry for entry in listing if entry["id"] == named), {"id": named})
+    if len(listing) == 1:
+        return listing[0]
+    if not listing:
+        raise LiveError(f"{url} lists no model: name the one to ask for with {option}, as the server knows it "
+                        f"(the model id, or the path the server was started with)")
+    ids = ", ".join(repr(entry["id"][:80]) for entry in listing[:_SHOWN_MODELS])
+    more = f" and {len(listing) - _SHOWN_MODELS} more" if len(listing) > _SHOWN_MODELS else ""
+    raise LiveError(f"{url} lists {len(listing)} models ({ids}{more}): name the one to judge with {option}")
+
+
+async def pick_model(client: Any, base_url: str, named: str | None, option: str = MODEL_OPTION) -> str:
+    """The model id to ask for: ``named`` as given (the listing is not read), else :func:`choose_model`'s."""
+    if named:
+        return named
+    return choose_model(await listed_models(client, base_url), None, url_for(base_url, "/models"), option)["id"]

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backends import Backend, Sample
+from .sampling import Backend, Sample
 from .prometheus import ServerMetrics
 from ..reference.scheduler_sim import Scheduler
 

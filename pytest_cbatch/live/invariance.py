@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from . import LiveError
-from .client import build_payload, first_model, prompt_words, session, url_for
+from .client import build_payload, pick_model, prompt_words, session, url_for
 from .prometheus import metric_total, parse_metrics
 
 __all__ = ["ladder", "ulp_distance", "verdict", "run_invariance", "format_report"]
@@ -109,7 +109,7 @@ async def _sweep(base_url: str, sizes: Sequence[int], input_len: int, output_len
                  model: str | None, timeout: float) -> dict[str, Any]:
     url = url_for(base_url, "/completions")
     async with session(timeout) as client:
-        model = model or await first_model(client, base_url)
+        model = await pick_model(client, base_url, model, "--model NAME")
         target = prompt_words(seed, "target", input_len)
         levels, base = [], None
         for b in sizes:

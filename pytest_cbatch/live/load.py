@@ -30,7 +30,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .client import Stream, build_payload, first_model, prompt_words, session, stream, url_for
+from .client import Stream, build_payload, pick_model, prompt_words, session, stream, url_for
 from .metrics import knee, summarize
 
 __all__ = ["LoadOptions", "run_sweep", "format_table", "write_json"]
@@ -126,7 +126,7 @@ async def _sweep(opts: LoadOptions, out_json: str | None, show: Any) -> list[dic
     url = url_for(opts.base_url, "/chat/completions" if opts.api == "chat" else "/completions")
     results: list[dict[str, Any]] = []
     async with session(opts.timeout) as client:
-        model = opts.model or await first_model(client, opts.base_url)
+        model = await pick_model(client, opts.base_url, opts.model, "--model NAME")
         for value in opts.levels:
             label = f"c={value:g}" if opts.mode == "closed" else f"rate={value:g}/s"
             total = opts.warmup + opts.requests_per_level

@@ -62,11 +62,12 @@ import time
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
+from ..contract import CLAIMS
 from ..contract.core import replay_slack, required_blocks
 from ..impls import Implementation, ImplementationError, Refused
 from ..reference.scheduler_sim import validate_config, validate_trace
 from . import LiveError, MissingExtra, fields, metrics, require
-from .client import Stream, build_payload, first_model, prompt_words, session, stream, url_for
+from .client import Stream, build_payload, pick_model, prompt_words, session, stream, url_for
 
 __all__ = ["HttpImplementation", "replay", "OBSERVED", "TIME_UNIT", "REPLAY_ATTEMPTS"]
 
@@ -77,10 +78,11 @@ _RANK = {"arrival": 0, "token": 1, "finished": 2, "cancelled": 2, "rejected": 2,
 
 
 def split_spec(spec: str) -> tuple[str, str]:
-    """``(base_url, api)`` of an ``http(s)://`` SPEC; ImplementationError for anything else."""
+    """``(base_url, api)`` of an ``http(s)://`` SPEC; ImplementationError (saying what is wrong, the caller
+    names the SPEC) for anything else."""
     parts = urlsplit(spec)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ImplementationError(f"--cbatch-impl {spec}: expected http://HOST:PORT[/v1]")
+        raise ImplementationError("expected http://HOST:PORT[/v1]")
     path = parts.path.rstrip("/")
     api = "completions"
     for suffix, name in (("/chat/completions", "chat"), ("/completions", "completions")):
@@ -88,17 +90,20 @@ def split_spec(spec: str) -> tuple[str, str]:
             path, api = path[: -len(suffix)], name
             break
     if path not in ("", "/v1"):
-        raise ImplementationError(f"--cbatch-impl {spec}: the path must be empty, /v1, /v1/completions or "
-                                  f"/v1/chat/completions, got {parts.path!r}")
+        raise ImplementationError(f"the path must be empty, /v1, /v1/completions or /v1/chat/completions, "
+                                  f"got {parts.path!r}")
     return f"{parts.scheme}://{parts.netloc}{path}", api
 
 
 class HttpImplementation(Implementation):
     """A live server, driven over HTTP; reports carry ``time_unit: "seconds"``."""
 
-    def __init__(self, spec: str, *, tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0) -> None:
+    claims = CLAIMS  # a client sees no pool and measures seconds: its reports may say so
+
+    def __init__(self, spec: str, *, tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0,
+                 model: str | None = None) -> None:
         try:
-            require("aiohttp", f"--cbatch-impl {spec}")
+            require("aiohttp", "a live server")
         except MissingExtra as exc:
             raise ImplementationError(str(exc)) from None
         if not (isinstance(tick_seconds, (int, float)) and math.isfinite(tick_seconds) and tick_seconds > 0):
@@ -108,7 +113,9 @@ class HttpImplementation(Implementation):
         self.tick_seconds = float(tick_seconds)
         self.timeout = timeout
         self.seed = seed
-        self.source = f"live server {self.base_url} ({self.api} route), {self.tick_seconds:g} s per tick"
+        self.model = model
+        self.source = (f"live server {self.base_url} ({self.api} route), {self.tick_seconds:g} s per tick"
+                       + (f", model {model!r}" if model else ""))
         self.namespace = None
 
     def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
@@ -125,7 +132,7 @@ class HttpImplementation(Implementation):
             raise Refused(str(exc)) from None
         try:
             report = run_coroutine(replay(lines, config, self.base_url, api=self.api, tick_seconds=self.tick_seconds,
-                                          timeout=self.timeout, seed=self.seed))
+                                          timeout=self.timeout, seed=self.seed, model=self.model))
         except LiveError as exc:
             raise Refused(str(exc)) from None
         refusal = served_nothing(report, lines, config)
@@ -174,18 +181,20 @@ def run_coroutine(coro: Any) -> Any:
 
 async def replay(trace: list[dict[str, Any]], config: Mapping[str, Any], base_url: str, *, api: str = "completions",
                  tick_seconds: float = 0.05, timeout: float = 60.0, seed: int = 0,
-                 attempts: int = REPLAY_ATTEMPTS) -> dict[str, Any]:
+                 attempts: int = REPLAY_ATTEMPTS, model: str | None = None) -> dict[str, Any]:
     """Replay a validated, time-sorted ``trace`` and return the client-side report (module docstring).
 
     A replay whose client fell behind the trace's schedule by more than the
     contract's slack (a starved client, not the server) is void: it is
     cancelled and replayed, ``attempts`` times in all, and LiveError says so
-    when none kept the schedule.
+    when none kept the schedule.  ``model`` is the model asked for (None: the
+    one ``/v1/models`` lists; LiveError says how to name one when it lists
+    none or several).
     """
     slack = replay_slack(tick_seconds)
     lags: list[float] = []
     async with session(timeout) as client:
-        model = await first_model(client, base_url)
+        model = await pick_model(client, base_url, model)
         for _ in range(attempts):
             report, lag = await _replay_once(client, model, trace, config, base_url, api, tick_seconds, timeout,
                                              seed, slack)

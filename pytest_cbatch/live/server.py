@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from . import require
-from .backends import Sample, make_backend
+from .backends import make_backend
+from .sampling import Sample
 from .engine import SERVE_DEFAULTS, Engine, Job, Rejected, Seq
 
 web = require("aiohttp.web", "cbatch serve")

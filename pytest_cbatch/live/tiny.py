@@ -31,7 +31,7 @@ import torch
 from ..gpu_checks.engine import paged_forward
 from ..gpu_checks.model import PRESETS, Model
 from ..gpu_checks.paged import BlockAllocator, KVCache, RowSpec, build_metadata
-from .backends import NUMERICS, Sample, word_token
+from .sampling import NUMERICS, Sample, word_token
 
 __all__ = ["TinyBackend"]
 

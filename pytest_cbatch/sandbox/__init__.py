@@ -6,17 +6,20 @@
 of the RPC), ``remote`` and ``proxies`` (the parent's side), ``search``,
 ``mirror`` and ``mirror_child`` (lifecycle searches, or steps, run by the
 child first and judged by the parent from its record; ``lines``, a search's
-record as the two sides write and read it) and ``bwrap``
-(containment with bubblewrap, and the sandbox modes).
+record as the two sides write and read it), ``bwrap``
+(containment with bubblewrap, and the sandbox modes), ``files`` (the
+submission's copy, made without following a link) and ``guard`` (a graded
+submission's uses of the kit's own code, caught in the child).
 """
 
 from .bwrap import SANDBOX_MODES, bwrap_problem, resolve_mode
+from .guard import KitGuard
 from .limits import Limits
 from .mirror import MirrorDiverged, lifecycle_verdicts_of, mirrored
 from .process import LoadSpec, NotContained, Sandbox, SandboxFailure
 from .proxies import IsolatedImplementation, load_spec_for, submission_files
 from .remote import RemoteObject
 
-__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "Limits", "LoadSpec", "MirrorDiverged", "NotContained",
+__all__ = ["SANDBOX_MODES", "IsolatedImplementation", "KitGuard", "Limits", "LoadSpec", "MirrorDiverged", "NotContained",
            "RemoteObject", "Sandbox", "SandboxFailure", "bwrap_problem", "lifecycle_verdicts_of", "load_spec_for",
            "mirrored", "resolve_mode", "submission_files"]

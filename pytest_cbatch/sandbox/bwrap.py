@@ -26,16 +26,17 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
-__all__ = ["INSIDE", "SANDBOX_MODES", "Confinement", "bwrap_problem", "confine", "not_contained_notice",
-           "resolve_mode"]
+__all__ = ["INSIDE", "SANDBOX_MODES", "Confinement", "bwrap_problem", "confine", "kit_folders",
+           "not_contained_notice", "resolve_mode"]
 
 SANDBOX_MODES = ("auto", "bwrap", "process")
 INSIDE = "/sandbox"                 # the child's private tmpfs: work/, home/, and submission/ (read-only)
 UNPRIVILEGED_UID = 65534            # nobody: what a root grader's sandbox runs as
 _SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-_KIT_PACKAGES = ("pytest_cbatch", "pytest_cbatch.reference", "pytest_cbatch.schemas")
+_KIT_PACKAGES = ("pytest_cbatch", "pytest_cbatch.schemas")
+_REFERENCE = "pytest_cbatch.reference"  # bound unless left out (``confine``'s ``reference``)
 _CLONE_NEWNS, _MS_REC, _MS_PRIVATE, _MS_BIND = 0x00020000, 1 << 14, 1 << 18, 1 << 12
 
 
@@ -50,8 +51,15 @@ class Confinement:
     copy_from: str | None           # where the child copies its submission from, or None (already in ``work``)
 
 
-def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: Sequence[str]) -> Confinement:
+def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: Sequence[str],
+            runtimes: Sequence[str] = (), reference: bool = True) -> Confinement:
     """The bubblewrap prefix for a child whose host-side folder is ``host_dir`` (submission copy at ``work``).
+
+    ``runtimes``: folders of language runtimes outside ``/usr`` (a rubric's ``[grading] runtimes``),
+    bound read-only at their own paths like the Python installation.
+    ``reference``: whether the kit's reference is in the sandbox (grading leaves it out: the child never
+    needs it; see ``guard``): else it is not bound, and an empty tmpfs lies over its folder where a bound
+    folder holds it.
 
     As root, ``host_dir`` is handed to the unprivileged user and aliases of the
     bind sources are made under it in a private mount namespace of the
@@ -70,7 +78,8 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
         elif os.path.isdir(link):
             argv += ["--ro-bind", link, link]
     argv += ["--ro-bind-try", "/etc/ld.so.cache", "/etc/ld.so.cache", "--proc", "/proc", "--dev", "/dev"]
-    roots = _python_roots(modules)
+    roots = _python_roots([*modules, _REFERENCE] if reference else modules)
+    roots += [r for r in runtimes if not any(_inside(r, o) for o in (*roots, "/usr"))]
     # /tmp is the private home, unless the Python installation lives under it (a virtual environment in
     # /tmp): then /tmp is a tmpfs of its own, made first, and that installation is bound into it.
     tmp_roots = any(_inside(root, "/tmp") for root in roots)
@@ -88,6 +97,9 @@ def confine(host_dir: str, work: str, has_folder: bool, tmpfs_mb: int, modules: 
                 open(source, "wb").close()
             aliases.append((root, source))
         argv += ["--ro-bind", source, root]
+    for folder in [] if reference else _package_folders([_REFERENCE]):
+        if any(_inside(folder, root) for root in (*roots, "/usr")):
+            argv += ["--size", "4096", "--tmpfs", folder]
     argv += ["--size", str(tmpfs_mb << 20), "--tmpfs", INSIDE]
     if not tmp_roots:
         argv += ["--symlink", f"{INSIDE}/home", "/tmp"]
@@ -110,21 +122,35 @@ def _python_roots(modules: Sequence[str]) -> list[str]:
     """
     found = {sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix}
     found.update(p for p in site.getsitepackages() if os.path.isdir(p))
-    for name in (*_KIT_PACKAGES, *_module_prefixes(modules)):
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        if spec is not None and spec.submodule_search_locations:
-            found.update(spec.submodule_search_locations)
-        elif spec is not None and spec.origin and os.path.isfile(spec.origin):
-            found.add(os.path.dirname(spec.origin))
+    found.update(_package_folders((*_KIT_PACKAGES, *_module_prefixes(modules))))
     roots = {os.path.abspath(p) for p in found if os.path.isdir(p)}
     binary = os.path.realpath(sys.executable)  # the interpreter, should it live outside its prefixes
     if not any(_inside(binary, r) for r in roots):
         roots.add(binary)
     outer = sorted(r for r in roots if not any(r != o and _inside(r, o) for o in roots))
     return [r for r in outer if not _inside(r, "/usr")]
+
+
+def kit_folders() -> list[str]:
+    """The folders of the kit's packages, outermost only (an editable install maps some apart)."""
+    names = (*_KIT_PACKAGES, _REFERENCE, "pytest_cbatch.gpu_checks", "pytest_cbatch.examples")
+    found = sorted({os.path.normpath(os.path.abspath(p)) for p in _package_folders(names)})
+    return [f for f in found if not any(f != o and _inside(f, o) for o in found)]
+
+
+def _package_folders(names: Iterable[str]) -> list[str]:
+    """The folders of the packages (or of the modules' files) ``names``, those that exist."""
+    found: list[str] = []
+    for name in names:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is not None and spec.submodule_search_locations:
+            found += [p for p in spec.submodule_search_locations if os.path.isdir(p)]
+        elif spec is not None and spec.origin and os.path.isfile(spec.origin):
+            found.append(os.path.dirname(spec.origin))
+    return found
 
 
 def _inside(path: str, folder: str) -> bool:

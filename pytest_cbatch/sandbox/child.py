@@ -12,7 +12,11 @@ CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
 load folder, which becomes the working directory) and ``load``: ``folder`` (put first
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
-module, or null).  The first reply describes what was found.
+module, or null); ``guard`` (optional): the kit guard's settings (see
+``guard``), whose reports are lines ``{"kit": {...}}`` written as they happen;
+``stack_after`` (optional): seconds after which a request still running sends
+the submission's stack as a line ``{"stack": text}`` (see ``StopWatch``).
+The first reply describes what was found.
 
 Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
 one reply line (a ``mirror`` request first writes a line per step it starts,
@@ -37,6 +41,7 @@ import json
 import numbers
 import os
 import resource
+import shlex
 import shutil
 import sys
 import traceback
@@ -297,6 +302,10 @@ class Server:
             return {"unsupported": f"NotImplementedError: {exc}"}
         except MemoryError as exc:
             return {"memory": f"MemoryError: {exc}"}
+        except Exception as exc:
+            if getattr(exc, "cbatch_broken", False):   # a program's output that is no report (sandbox.program)
+                return {"broken": str(exc)[:2000]}
+            raise
         reply: dict[str, Any] = {"ok": json.loads(json.dumps(report, default=_json_default))}
         if json.dumps([trace, config], sort_keys=True, default=_json_default) != before:
             reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
@@ -362,10 +371,81 @@ def exited(exc: SystemExit) -> dict[str, Any]:
     return {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
 
 
-def raised(exc: BaseException) -> dict[str, Any]:
+def raised(exc: BaseException, stack: str = "") -> dict[str, Any]:
+    """The reply that says the submission raised ``exc``; ``stack``: its traceback (``own_stack``), if any."""
     base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
     message = str(exc)
-    return {"raised": {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}}
+    out = {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}
+    return {"raised": {**out, "stack": stack} if stack else out}
+
+
+def own_stack(exc: BaseException, folder: str | None) -> str:
+    """``exc``'s traceback as the student reads it (see ``_students``)."""
+    try:
+        frames = _students(traceback.extract_tb(exc.__traceback__), folder)
+        return "".join(traceback.format_list(frames) + traceback.format_exception_only(type(exc), exc))[-4000:]
+    except Exception:  # noqa: BLE001 - an exception whose text cannot be made: its type says enough
+        return ""
+
+
+def _students(frames: traceback.StackSummary, folder: str | None) -> list[traceback.FrameSummary]:
+    """With a submission ``folder``, only the frames of its files, named relative to it (no path of the
+    grader's); else every frame but the sandbox's own.  The last 30."""
+    kit = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    kept = [f for f in frames if not os.path.abspath(f.filename).startswith(kit)]
+    if folder:
+        root = os.path.abspath(folder) + os.sep
+        kept = [f for f in kept if os.path.isabs(f.filename) and os.path.abspath(f.filename).startswith(root)]
+        for frame in kept:
+            frame.filename = os.path.abspath(frame.filename)[len(root):]
+    return kept[-30:]
+
+
+class StopWatch:
+    """Sends the main thread's stack (``{"stack": text}``) once a request has run ``seconds``, so the parent,
+    should it then stop the call at its limit, can show the line the submission was at (a loop's, say).
+
+    A thread of the child's: it runs whenever the main thread lets go of the GIL, which plain Python code
+    does every few milliseconds (a C extension holding it gives no stack).
+    """
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], seconds: float, folder: str | None) -> None:
+        import threading
+
+        self.send, self.seconds, self.folder = send, seconds, folder
+        self.main = threading.main_thread().ident
+        self.armed = threading.Condition()
+        self.since: float | None = None
+        threading.Thread(target=self._watch, name="cbatch-stopwatch", daemon=True).start()
+
+    def arm(self) -> None:
+        import time
+
+        with self.armed:
+            self.since = time.monotonic()
+            self.armed.notify()
+
+    def disarm(self) -> None:
+        with self.armed:
+            self.since = None
+
+    def _watch(self) -> None:
+        import time
+
+        while True:
+            with self.armed:
+                while self.since is None:
+                    self.armed.wait()
+                since = self.since
+                left = since + self.seconds - time.monotonic()
+                if left > 0:
+                    self.armed.wait(left)
+                    continue
+                self.since = None  # once per request
+            frame = sys._current_frames().get(self.main)  # type: ignore[arg-type]
+            if frame is not None:
+                frames = _students(traceback.extract_stack(frame), self.folder)
+                self.send({"stack": "".join(traceback.format_list(frames))[-4000:]})
 
 
 def _load_file(path: str) -> Any:
@@ -380,7 +460,15 @@ def _load_file(path: str) -> Any:
 
 
 def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Import the submission; return its namespace (name -> object) and the description for the parent."""
+    """Import the submission; return its namespace (name -> object) and the description for the parent.
+
+    A submission that is a program (``command``: its argv) offers ``simulate`` only, as runs of it.
+    """
+    if spec.get("command"):
+        program = _program_module().Program(spec["command"], spec["folder"], spec["output_bytes"])
+        label = "exec:" + shlex.join(spec["command"])   # the SPEC that replays it: cbatch check --impl LABEL
+        return {"simulate": program}, {"parts": [], "sources": {"simulate": label},
+                                       "simulate": {"accepted": [], "open": True}}
     if spec.get("folder"):
         sys.path.insert(0, spec["folder"])
     modules = [(os.path.basename(p), _load_file(p)) for p in spec.get("files", [])]
@@ -423,6 +511,28 @@ def _mirror_module(folder: str | None) -> Any:
     return mirror_child
 
 
+def _program_module() -> Any:
+    """The kit's ``program`` module (standard library only), loaded from this file's folder by its path:
+    nothing of the submission's can stand in for it, and the kit's package is not imported."""
+    spec = importlib.util.spec_from_file_location("_cbatch_program", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), "program.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _guard_module() -> Any:
+    """``guard`` (standard library only), loaded by path: nothing of the kit is imported for it."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
+    spec = importlib.util.spec_from_file_location("_cbatch_guard", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
 def _apply_limits(limits: dict[str, list[int]]) -> None:
     for name, (soft, hard) in limits.items():
         resource.setrlimit(getattr(resource, name), (soft, hard))
@@ -455,20 +565,29 @@ def main(argv: list[str]) -> int:
 
     try:
         _prepare(config)
+        if config.get("guard"):
+            _guard_module().install(config["guard"], [p for p in (config["load"].get("folder"), config.get("copy_from"))
+                                                      if p], lambda record: send({"kit": record}))
         names, described = load(config["load"])
     except BaseException as exc:  # noqa: BLE001 - everything the import does is the submission's
-        tail = traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]
-        send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": "".join(tail)[-3000:]})
+        send({"load_failed": f"{type(exc).__name__}: {exc}", "traceback": own_stack(exc, config["load"].get("folder"))})
         return 0
     send({"ok": described})
     server = Server(names, send_all, config["load"].get("folder"))
+    seconds = config.get("stack_after")
+    watch = StopWatch(send, seconds, server.folder) if seconds else None
     for line in reader:
         try:
-            reply = server.dispatch(json.loads(line))
+            request = json.loads(line)
+            if watch is not None and request.get("op") != "mirror":  # a search's lines say where it is
+                watch.arm()
+            reply = server.dispatch(request)
         except SystemExit as exc:
             reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
-            reply = raised(exc)
+            reply = raised(exc, own_stack(exc, server.folder))
+        if watch is not None:
+            watch.disarm()
         send(reply)
     return 0
 

@@ -6,7 +6,7 @@ import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping
 
-__all__ = ["Limits", "child_environment"]
+__all__ = ["Limits", "child_environment", "sandbox_path"]
 
 _MIB = 1 << 20
 
@@ -15,8 +15,10 @@ _MIB = 1 << 20
 class Limits:
     """What one sandboxed submission may use.
 
-    ``call_seconds`` is the wall-clock limit of one call (a ``simulate`` run,
-    one lifecycle method call, or the start-up import); ``cpu_seconds``,
+    ``call_seconds`` is the wall-clock limit of one call (a ``simulate`` run or
+    one lifecycle method call); ``import_seconds`` that of the start-up import
+    of the submission (at least ``call_seconds``: a loaded machine imports
+    slowly, and an honest submission must not fail for it); ``cpu_seconds``,
     ``memory_mb`` (address space), ``processes`` and ``file_mb`` (largest file
     written) are ``setrlimit`` limits of the child process, which is restarted
     after any failure (inside bubblewrap ``processes`` counts the sandbox's
@@ -38,6 +40,7 @@ class Limits:
     reply_mb: int = 64
     max_failures: int = 3
     submission_seconds: float = 900.0
+    import_seconds: float = 60.0
     names: tuple[tuple[str, str], ...] = ()  # (field, the front end's option for it): how messages name a limit
 
     @classmethod
@@ -74,10 +77,20 @@ class Limits:
                 f"{self.processes} processes, {self.file_mb} MiB per file, {self.output_kb} KiB of output")
 
 
-def child_environment(home: str) -> dict[str, str]:
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+"""Where the child finds programs: the system's, under ``/usr`` (all the sandbox shows of the system)."""
+
+
+def sandbox_path(runtimes: tuple[str, ...] = ()) -> str:
+    """The child's PATH: each runtime's ``bin`` folder (or the runtime folder itself), then the system's."""
+    first = [os.path.join(r, "bin") if os.path.isdir(os.path.join(r, "bin")) else r for r in runtimes]
+    return ":".join([*first, SYSTEM_PATH])
+
+
+def child_environment(home: str, runtimes: tuple[str, ...] = ()) -> dict[str, str]:
     """A minimal environment: no variable of the grader's (tokens, paths to hidden traces) reaches the child."""
     return {
-        "PATH": os.defpath,
+        "PATH": sandbox_path(runtimes),
         "HOME": home,
         "TMPDIR": home,
         "LANG": "C.UTF-8",

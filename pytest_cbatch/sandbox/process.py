@@ -31,14 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from ..bounded import CallTimedOut
-from .bwrap import Confinement, confine, resolve_mode
+from .bwrap import Confinement, confine, kit_folders, resolve_mode
+from .files import SubmissionRefused, copy_submission
+from .guard import KitGuard
 from .limits import Limits, child_environment
 
 __all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
 
 CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
-_COPY_IGNORE = shutil.ignore_patterns(".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
-_MAX_COPY_BYTES = 64 << 20
 _PIPE_BYTES = 1 << 20  # the child's reply pipe (Linux allows this much by default)
 _OUTPUT_KEPT = 4096  # bytes of the child's output kept for messages
 _SIGNALS = {
@@ -66,9 +66,10 @@ def _announce(notice: str) -> None:
 class SandboxFailure(Exception):
     """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(self, kind: str, message: str, stack: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        self.stack = stack  # a timeout's: the submission's stack shortly before its limit (``child.StopWatch``)
 
 
 class SandboxTimeout(SandboxFailure, CallTimedOut):
@@ -83,6 +84,7 @@ class LoadSpec:
     files: tuple[str, ...] = ()        # file names inside ``folder``, imported in this order
     modules: tuple[str, ...] = ()      # importable module names
     attr: str | None = None            # attribute path on the first module
+    command: tuple[str, ...] = ()      # a program's argv instead (its manifest's exec; see ``program``)
 
 
 @dataclass
@@ -109,18 +111,26 @@ class _Output:
 class Sandbox:
     """A restartable child process running one submission; see the module docstring."""
 
-    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto") -> None:
+    def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto",
+                 runtimes: tuple[str, ...] = (), guard: KitGuard | None = None) -> None:
         """``mode``: ``auto``, ``bwrap`` or ``process`` (see ``bwrap.resolve_mode``; ValueError if bwrap is
-        required and cannot run); ``self.mode`` is the one in use."""
+        required and cannot run); ``self.mode`` is the one in use.  ``runtimes``: folders of language
+        runtimes the child may use besides ``/usr`` (bound read-only; their ``bin`` first on its PATH).
+        ``guard``: watch the submission's uses of the kit's code, reported into ``guard.found`` (see
+        ``guard``); None for no watch."""
         self.load = load
+        self.guard = guard
         self.limits = limits
         self.label = label
+        self.runtimes = runtimes
         self.mode, notice = resolve_mode(mode)
         if notice:
             _announce(notice)
         self.generation = 0          # bumped on every start, so stale handles are recognised
         self.description: dict[str, Any] | None = None
         self.seconds_used = 0.0
+        self.left_out: list[str] = []  # what the copy left out (links, FIFOs, ...): see ``files``
+        self._stack = ""  # the child's last ``{"stack": ...}`` line of the current request
         self._failures: dict[str, list[str]] = {}
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: str | None = None
@@ -146,7 +156,10 @@ class Sandbox:
         work, home = os.path.join(self._dir, "work"), os.path.join(self._dir, "home")
         os.mkdir(home)
         if self.load.folder:
-            _copy_submission(self.load.folder, work)
+            try:
+                self.left_out = copy_submission(self.load.folder, work, self.load.files)
+            except SubmissionRefused as exc:
+                raise SandboxFailure("load", f"the {self.label} is refused: {exc}") from None
         else:
             os.mkdir(work)
         p2c_r, p2c_w = os.pipe()
@@ -174,7 +187,12 @@ class Sandbox:
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._rpc_in, selectors.EVENT_READ, "rpc")
         self._selector.register(self._proc.stdout, selectors.EVENT_READ, "output")
-        reply = self._exchange(None)
+        try:
+            reply = self._exchange(None, max(0.0, self.limits.import_seconds - self.limits.call_seconds))
+        except SandboxTimeout as exc:
+            limit = max(self.limits.import_seconds, self.limits.call_seconds)
+            raise SandboxTimeout("timeout", f"importing the {self.label} did not finish within {limit:g} s "
+                                            f"(limit import_seconds){self._output.tail_note()}") from exc
         if "load_failed" in reply:
             self.kill()
             raise SandboxFailure("load", f"importing the {self.label} failed: {reply['load_failed']}\n"
@@ -193,19 +211,25 @@ class Sandbox:
             copied = sum(os.path.getsize(os.path.join(r, f)) for r, _d, fs in os.walk(work) for f in fs
                          if not os.path.islink(os.path.join(r, f)))
             tmpfs_mb = 4 * self.limits.file_mb + (copied >> 20) + 1
-            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules)
+            reference = self.guard is None or not self.guard.refuse
+            confinement = confine(self._dir, work, bool(self.load.folder), tmpfs_mb, self.load.modules,
+                                  self.runtimes, reference)
             work, home = confinement.work, confinement.home
         config = {
             **fds, "limits": self.limits.rlimits(), "home": home,
             "copy_from": confinement.copy_from if confinement else None,
             "load": {"folder": work if self.load.folder else None,
                      "files": [os.path.join(work, f) for f in self.load.files],
-                     "modules": list(self.load.modules), "attr": self.load.attr},
+                     "modules": list(self.load.modules), "attr": self.load.attr,
+                     "command": list(self.load.command), "output_bytes": self.limits.reply_mb << 20},
+            "guard": self.guard.config(kit_folders()) if self.guard is not None else None,
+            "stack_after": _stack_after(self.limits.call_seconds),
         }
         argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
+        env = child_environment(home, self.runtimes)
         if confinement is None:
-            return argv, None, work, child_environment(home)
-        return [*confinement.prefix, *argv], confinement.preexec, "/", child_environment(home)
+            return argv, None, work, env
+        return [*confinement.prefix, *argv], confinement.preexec, "/", env
 
     def alive(self) -> bool:
         """Whether the child is running (its objects still exist)."""
@@ -302,6 +326,8 @@ class Sandbox:
         output_limit = self.limits.output_kb * 1024
         reply_limit = self.limits.reply_mb << 20
         pending = memoryview(payload or b"")
+        if payload is not None:
+            self._stack = ""
         sel = self._selector
         assert sel is not None
         if pending:  # a request usually fits the pipe at once: write it now, wait for room only if not
@@ -322,7 +348,7 @@ class Sandbox:
                     raise SandboxTimeout("timeout", f"the {self.label} did not answer within "
                                                     f"{self.limits.call_seconds:g} s "
                                                     f"({self.limits.term('call_seconds')})"
-                                         + self._output.tail_note())
+                                         + self._output.tail_note(), self._stack)
                 for key, _ in sel.select(left):
                     if key.data == "write":
                         try:
@@ -370,6 +396,13 @@ class Sandbox:
         if replies is None or len(replies) != len(lines) or not all(isinstance(r, dict) for r in replies):
             replies = [self._parse(line) for line in lines]  # names the first bad line
         for reply in replies:
+            if "kit" in reply and len(reply) == 1:  # the guard's report of a use of the kit, not a reply
+                if self.guard is not None:
+                    self.guard.take(reply["kit"])
+                continue
+            if "stack" in reply and len(reply) == 1:  # where the call is, should it reach its limit
+                self._stack = reply["stack"][-4000:] if isinstance(reply["stack"], str) else ""
+                continue
             batch = reply.get("batch")
             if batch is None:
                 self._ready.append(reply)
@@ -408,22 +441,14 @@ class Sandbox:
         return SandboxFailure("died", f"the {self.label} {what}" + self._output.tail_note())
 
 
+def _stack_after(call_seconds: float) -> float:
+    """When the child sends its stack during a call: late in the call, early enough to arrive before the limit."""
+    return max(call_seconds * 0.8, call_seconds - 2.0)
+
+
 def _widen(fd: int) -> None:
     """Give the child's reply pipe room for a search's lines to stream ahead (Linux; elsewhere nothing)."""
     try:
         fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ"), _PIPE_BYTES)
     except (AttributeError, OSError):  # another system, or a lower pipe-max-size: the default size works
         pass
-
-
-def _copy_submission(source: str, target: str) -> None:
-    if os.path.isfile(source):  # a one-file submission travels alone
-        os.mkdir(target)
-        shutil.copy2(source, target)
-        return
-    total = 0
-    for root, _dirs, files in os.walk(source):
-        total += sum(os.path.getsize(os.path.join(root, f)) for f in files if not os.path.islink(os.path.join(root, f)))
-        if total > _MAX_COPY_BYTES:
-            raise SandboxFailure("load", f"the submission folder holds more than {_MAX_COPY_BYTES >> 20} MiB")
-    shutil.copytree(source, target, ignore=_COPY_IGNORE, symlinks=True)

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
 from .child import decode
 from .limits import Limits
+from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
 from .remote import Channel, RemoteNamespace, RemoteObject
 
@@ -92,7 +93,7 @@ class _RemoteSimulate:
             reply = self.sandbox.request({"op": "simulate", "trace": trace, "config": config}, "simulate")
         except SandboxFailure as exc:
             if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
-                raise Stopped(str(exc)) from None
+                raise Stopped(str(exc), exc.stack) from None
             raise BrokenOutput(str(exc)) from None
         if "unsupported" in reply:
             raise Unsupported(f"{self.sandbox.label} raised {reply['unsupported']}")
@@ -101,8 +102,12 @@ class _RemoteSimulate:
                                f"{self.sandbox.limits.memory_mb} MiB)")
         if "exited" in reply:
             raise BrokenOutput(f"{self.sandbox.label} called sys.exit({reply['exited']!r}) instead of returning")
+        if "broken" in reply:
+            raise BrokenOutput(f"{self.sandbox.label}: {str(reply['broken'])[:2000]}")
         if "raised" in reply:
-            raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}")
+            stack = reply["raised"].get("stack")  # the child's word: text, bounded, shown as the student's traceback
+            raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}",
+                          stack[-4000:] if isinstance(stack, str) else "")
         if "ok" not in reply:
             raise BrokenOutput(f"unexpected reply from the {self.sandbox.label}: {reply!r:.200}")
         if "trace" in reply:  # mirror the child's mutation so Implementation.run reports it
@@ -118,12 +123,14 @@ class IsolatedImplementation(Implementation):
     unsupported_reason = PythonImplementation.unsupported_reason
 
     def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
-                 mode: str = "auto") -> None:
-        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``)."""
+                 mode: str = "auto", runtimes: tuple[str, ...] = (), guard: KitGuard | None = None) -> None:
+        """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``);
+        ``runtimes``: language runtimes' folders the child may use besides ``/usr`` (see ``Sandbox``);
+        ``guard``: watch (and by default refuse) the submission's uses of the kit's code (see ``guard``)."""
         self.spec = spec
         self.limits = limits
         try:
-            self.sandbox = Sandbox(load, limits, label, mode)
+            self.sandbox = Sandbox(load, limits, label, mode, runtimes, guard)
         except ValueError as exc:
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
@@ -189,9 +196,14 @@ def load_spec_for(spec: str, *, rootdir: str | None = None) -> LoadSpec:
 
 
 def submission_files(folder: str) -> tuple[str, ...]:
-    """The module files of a submission folder, in the order their names are looked up."""
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and os.path.isfile(os.path.join(folder, n)))
+    """The module files of a submission folder, in the order their names are looked up: regular files only,
+    never a link (see ``files``)."""
+    names = sorted(n for n in os.listdir(folder) if n.endswith(".py") and _regular(os.path.join(folder, n)))
     preferred = [n for n in _PRIORITY if n in names]
     if preferred:
         return tuple(preferred)
     return tuple(n for n in names if not n.startswith(_NOT_SUBMISSION))
+
+
+def _regular(path: str) -> bool:
+    return os.path.isfile(path) and not os.path.islink(path)

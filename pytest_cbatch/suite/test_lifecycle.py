@@ -18,11 +18,12 @@ from typing import Any
 import pytest
 
 from pytest_cbatch.lifecycle import LIFECYCLE_CLAUSES, PARTS, missing_parts
+from pytest_cbatch.plugin import CbatchState, picture_line
 from pytest_cbatch.sandbox import lifecycle_verdicts_of
 
 
 @pytest.mark.parametrize("part", list(PARTS), ids=list(PARTS))
-def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) -> None:
+def test_lifecycle(part: str, cbatch_impl: Any, cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
     request.node.user_properties += [("cbatch_clause", f"lifecycle.{part}"), ("cbatch_workload", part)]
     namespace = cbatch_impl.namespace
     reason = missing_parts(namespace).get(part)
@@ -41,5 +42,14 @@ def test_lifecycle(part: str, cbatch_impl: Any, request: pytest.FixtureRequest) 
                      f"[{cid}] {verdict.status}: {verdict.message}\n  clause: {LIFECYCLE_CLAUSES[cid]}")
     lines.append(f"{len(failed)} of {len(verdicts)} lifecycle {part} clauses do not hold for "
                  f"--cbatch-impl={cbatch_impl.spec}: {', '.join(failed)}")
-    lines.append(f"rerun: pytest --cbatch-impl={cbatch_impl.spec} -k 'test_lifecycle and {part}'")
+    rerun = f"pytest --cbatch-impl={cbatch_impl.spec} -k 'test_lifecycle and {part}'"
+    lines.append(f"rerun: {rerun}")
+
+    def page() -> str:
+        from pytest_cbatch.picture import lifecycle_page
+
+        return lifecycle_page(heading=f"lifecycle {part}: {len(failed)} clause(s) fail with {cbatch_impl.spec}",
+                              failures=[(cid, v.message) for cid, v in failed.items()], rerun=rerun)
+
+    lines.append(picture_line(cbatch_state, f"lifecycle-{part}.html", page))
     pytest.fail("\n".join(lines), pytrace=False)

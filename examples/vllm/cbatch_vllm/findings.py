@@ -25,7 +25,7 @@ import time
 from typing import Any, Sequence
 
 from pytest_cbatch.live import LiveError
-from pytest_cbatch.live.client import Stream, build_payload, first_model, get_json, prompt_words, session, stream, \
+from pytest_cbatch.live.client import Stream, build_payload, get_json, pick_model, prompt_words, session, stream, \
     url_for
 from pytest_cbatch.live.replay import run_coroutine
 
@@ -86,7 +86,7 @@ async def _capping(client: Any, base_url: str, url: str, model: str) -> dict[str
 async def _probe(base_url: str, streams: int, max_tokens: int, timeout: float) -> dict[str, Any]:
     url = url_for(base_url, "/completions")
     async with session(timeout) as client:
-        model = await first_model(client, base_url)
+        model = await pick_model(client, base_url, None, "--model NAME")
         return {"base_url": base_url, "model": model,
                 "frames": await _frames(client, url, model, streams, max_tokens),
                 "one_token": await _one_token(client, url, model),

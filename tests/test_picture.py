@@ -1,0 +1,249 @@
+"""Pictures of failing schedules (pytest_cbatch.picture): what a page shows, what it never lets through, and
+who writes one (the plugin, cbatch explain, the grader).  Pages are opened in a real browser in
+test_picture_browser.py."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+
+from pytest_cbatch.contract import Violation
+from pytest_cbatch.grading.results import TestResult as GradedTest
+from pytest_cbatch.impls import resolve_impl
+from pytest_cbatch.picture import failure_page, lifecycle_page, schedule_fragment, schedule_page
+from pytest_cbatch.picture.lifecycle import script_of, steps_of
+from pytest_cbatch.picture.markup import MARK
+from pytest_cbatch.picture.schedule import MAX_LANES, MAX_PER_LANE, MAX_TICKS, schedule_of
+from pytest_cbatch.workloads import WORKLOADS
+
+HOSTILE = "</script><img src=x onerror=alert(1)>\"'&<svg onload=alert(2)>"
+ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "div", "span", "i", "b", "br",
+                "pre", "code", "details", "summary", "table", "tr", "th", "td", "svg", "g", "rect", "text", "line",
+                "circle"}
+
+
+class _Tags(HTMLParser):
+    """Every tag and attribute name of a document."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.attributes: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+        self.attributes.update(name for name, _ in attrs)
+
+
+def tags_of(page: str) -> _Tags:
+    parser = _Tags()
+    parser.feed(page)
+    return parser
+
+
+def demo_report(spec: str = "reference", workload: str = "demo") -> tuple[list[dict], dict, dict]:
+    w = WORKLOADS[workload]
+    trace = list(w.trace)
+    return trace, w.config, resolve_impl(spec).run(trace, w.config).report
+
+
+def test_a_schedule_has_a_lane_per_request_with_its_chunks_tokens_and_end() -> None:
+    _trace, _config, report = demo_report()
+    s = schedule_of(report)
+    lanes = {lane.rid: lane for lane in s.lanes}
+    assert set(lanes) == {"long", "short", "cancel-me", "late"}
+    assert [(c.time, c.phase, c.tokens) for c in lanes["long"].cells][:4] == [
+        (0, "prefill", 2), (1, "prefill", 2), (2, "prefill", 2), (3, "prefill", 2)]
+    assert [c.phase for c in lanes["long"].cells][4:] == ["decode"] * 3
+    assert lanes["cancel-me"].status == "cancelled" and lanes["long"].status == "finished"
+    assert [m.kind for m in lanes["long"].marks] == ["finished", "release"]
+    assert s.capacity == 8 and s.pages and s.pages[2].draining == 2
+
+
+def test_preempted_requests_wait_again_and_their_recompute_rows_are_drawn() -> None:
+    trace, _config, report = demo_report(workload="preempt_decode")
+    lanes = schedule_of(report).lanes
+    preempted = [lane for lane in lanes if any(m.kind == "preempted" for m in lane.marks)]
+    assert preempted, "the optimistic workload preempts someone"
+    lane = preempted[0]
+    when = next(m.time for m in lane.marks if m.kind == "preempted")
+    assert any(state == "waiting" and start == when for start, _end, state in lane.spans)
+    assert any(c.phase == "recompute" for lane in lanes for c in lane.cells)
+    page = schedule_page(heading="preempt", lead="x", report=report, violations=[], trace=trace, replay="r")
+    assert "recompute of" in page and "preempted at t=" in page
+
+
+def test_the_violation_is_marked_where_it_happened_with_its_message() -> None:
+    trace, config, report = demo_report()
+    v = Violation("ttft_null_on_cancel", "expected ttft_ticks null, got 3", request="cancel-me", time=2)
+    page = failure_page(spec="mine.py", clause=v.clause, workload="demo", violations=[v], trace=trace,
+                        report=report, replay="cbatch check --impl mine.py", text="the text")
+    assert page.count(f'stroke="{MARK}"') >= 2  # the ring and its label's frame
+    assert "1: expected ttft_ticks null, got 3" in page and "cbatch check --impl mine.py" in page
+    figure = page[page.index("<svg"):page.index("</svg>")]
+    ring = re.search(r'<circle cx="([\d.]+)" cy="([\d.]+)"', figure)
+    tick_2 = re.search(r'<text x="([\d.]+)" [^>]*>2</text>', figure)
+    first_lane = re.search(r"<title>request ([^<]*)</title>", figure)
+    assert ring and tick_2 and first_lane
+    assert first_lane.group(1).startswith("cancel-me")  # the violation's request is drawn first
+    assert float(ring.group(1)) == float(tick_2.group(1))  # at t=2
+    assert 34 < float(ring.group(2)) < 34 + 24  # on the first lane
+
+
+def test_a_passing_run_has_no_marker_colour_anywhere() -> None:
+    trace, _config, report = demo_report()
+    page = schedule_page(heading="ok", lead="all hold", report=report, violations=[], trace=trace, replay="r")
+    assert MARK not in page[page.index("<body>"):]  # the style sheet names it for the classes a failure uses
+    assert "no clause violated" in page
+
+
+def test_values_from_the_judged_code_are_escaped_and_the_page_runs_nothing() -> None:
+    trace = [{"time": 0, "event": "arrival", "id": HOSTILE, "prompt_tokens": 2, "output_tokens": 1}]
+    report = {"time_unit": "synthetic_tick", "config": {"capacity": HOSTILE},
+              "events": [{"time": 0, "event": "arrival", "id": HOSTILE},
+                         {"time": 0, "event": "admit", "id": HOSTILE, HOSTILE: HOSTILE},
+                         {"time": 0, "event": "dispatch", "work": [{"id": HOSTILE, "phase": HOSTILE,
+                                                                     "input_tokens": HOSTILE}]},
+                         {"time": 1, "event": "x-" + HOSTILE, "id": HOSTILE, "note": HOSTILE},
+                         {"time": 1, "event": "finished", "id": HOSTILE},
+                         {"time": float("nan"), "event": "snapshot"}, "not an event", None]}
+    v = Violation("schema_valid", HOSTILE, request=HOSTILE, time=1)
+    page = failure_page(spec=HOSTILE, clause="schema_valid", workload=HOSTILE, violations=[v], trace=trace,
+                        report=report, replay=HOSTILE, text=HOSTILE)
+    assert HOSTILE not in page and "<img" not in page and "<script" not in page
+    found = tags_of(page)
+    assert found.tags <= ALLOWED_TAGS, found.tags - ALLOWED_TAGS
+    assert not {a for a in found.attributes if a.startswith("on") or a in ("src", "href", "xlink:href")}
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    fragment = schedule_fragment(report, [v])
+    assert HOSTILE not in fragment and tags_of(fragment).tags <= ALLOWED_TAGS
+
+
+def test_a_huge_report_gives_a_bounded_page_that_says_what_it_left_out() -> None:
+    events = []
+    for i in range(400):
+        events.append({"time": i, "event": "arrival", "id": f"r{i}"})
+        events.append({"time": i, "event": "admit", "id": f"r{i}"})
+    for t in range(3000):
+        events.append({"time": t, "event": "dispatch", "work": [{"id": f"r{i}", "phase": "decode",
+                                                                 "input_tokens": 1} for i in range(0, 400, 7)]})
+        events.append({"time": t, "event": "snapshot", "allocated_blocks": t % 50, "reserved_blocks": 60})
+    report = {"time_unit": "synthetic_tick", "config": {"capacity": 64}, "events": events}
+    violations = [Violation("budget_respected", "x" * 10_000, request="r399", time=2500)] * 50
+    page = schedule_page(heading="huge", lead="x", report=report, violations=violations,
+                         trace=[{"time": 0, "event": "arrival", "id": f"r{i}"} for i in range(5000)], replay="r",
+                         text="y" * 1_000_000)
+    assert len(page) < 2_000_000
+    assert f"{400 - MAX_LANES} of 400 requests" in page and "ticks outside" in page and "more lines" in page
+    assert "42 more" in page  # violations beyond the first 8
+    s = schedule_of(report, focus=["r399"], at=2500)
+    assert s.lanes[0].rid == "r399" and s.start <= 2500 <= s.end and s.end - s.start == MAX_TICKS
+
+
+def test_a_crowded_or_absurd_report_still_gives_a_small_page() -> None:
+    crowd = [{"time": 3, "event": "snapshot", "allocated_blocks": i} for i in range(20_000)]
+    crowd += [{"time": 3, "event": "dispatch", "work": [{"id": "a", "phase": "decode", "input_tokens": 1}] * 20_000}]
+    crowd += [{"time": 3, "event": "preempted", "id": "a", "blob": list(range(100_000))}] * 5_000
+    far = [{"time": t, "event": "arrival", "id": f"r{t}"} for t in (0.5, 1e8, 1e300, float("inf"), -1, True)]
+    for unit, events in (("synthetic_tick", crowd), ("seconds", far)):
+        report = {"time_unit": unit, "config": {"capacity": 10**30}, "events": events}
+        page = schedule_page(heading="x", lead="x", report=report, violations=[Violation("c", "m", time=1e8)],
+                             trace=[], replay="r")
+        assert len(page) < 1_000_000, (unit, len(page))
+    assert "page snapshots" not in page and "r100000000" in page and "r1e+300" not in page
+    s = schedule_of({"time_unit": "synthetic_tick", "events": crowd})
+    assert len(s.pages) == 1 and len(s.lanes[0].cells) == MAX_PER_LANE and len(s.lanes[0].marks) == MAX_PER_LANE
+    assert any("beyond" in o for o in s.omitted)
+
+
+LIFECYCLE_MESSAGE = """[lifecycle.cow_isolation] after pool.append('a', 0): pin 'p0' reads [0, 0], expected [0]
+  clause: Appending into a shared or pinned partial tail copies it first.
+  replay (runnable Python; its last line fails on this implementation):
+    from contextlib import suppress
+    # PagedKV: the classes of the implementation under test
+    pool = PagedKV(2, 2)
+    pool.create('a')
+    pool.append('a', 0)
+    _ = pool.pin('a', 'p0')
+    with suppress(KeyError): pool.read('b')
+    pool.append('a', 0)
+    r0 = RecomputeRequest(pool, 'r0', [0])
+    _ = r0.resume()
+    manager = TransferManager(pool)
+    assert [t for p in pool.transfers['p0'] for t in pool.pages[p].tokens] == [0]
+"""
+RECOMPUTE_SCRIPT = """pool = PagedKV(2, 3)
+r0 = RecomputeRequest(pool, 'r0', [0])
+_ = r0.resume()
+r0.sample(100)
+r0.sample(101)
+r0.sample(102)
+r0.preempt()
+_ = r0.resume()
+assert pool.read('r0') == [0, 100, 101], pool.read('r0')
+"""
+
+
+def test_a_lifecycle_script_is_replayed_on_the_contracts_model_without_running_it() -> None:
+    steps = steps_of(script_of(LIFECYCLE_MESSAGE))
+    codes = [code for code, _pool, _why in steps]
+    assert codes[0] == "pool = PagedKV(2, 2)" and len(steps) == 10
+    free = [pool.free() if pool else None for _code, pool, _why in steps]
+    assert free[:8] == [2, 2, 1, 1, 1, 0, 0, 0]  # the copy-on-write append takes the second page; no room to resume
+    assert free[8:] == [None, None] and "a call of TransferManager" in steps[8][2]
+    replayed = steps_of(RECOMPUTE_SCRIPT)
+    assert [pool.free() for _code, pool, _why in replayed] == [2, 2, 1, 1, 1, 1, 2, 1, 1]
+    assert replayed[-1][1].history("r0") == [0, 100, 101]  # what resume() must rebuild: prompt + outputs[:-1]
+    page = lifecycle_page(heading="lifecycle allocator", failures=[("lifecycle.cow_isolation", LIFECYCLE_MESSAGE)],
+                          rerun="pytest -k lifecycle")
+    assert page.count('class="fail"') == 1 and "fails here" in page and "0 free of 2" in page
+    hostile = LIFECYCLE_MESSAGE.replace("'a'", repr(HOSTILE))
+    assert HOSTILE not in lifecycle_page(heading=HOSTILE, failures=[(HOSTILE, hostile)], rerun=HOSTILE)
+
+
+def test_a_graded_failure_is_html_on_gradescope_and_text_elsewhere() -> None:
+    failing = GradedTest("contract.x", False, "the <text> & more", picture="<svg></svg>")
+    doc = failing.gradescope()
+    assert doc["output_format"] == "html" and doc["output"] == "<svg></svg>\n<pre>the &lt;text&gt; &amp; more</pre>"
+    assert failing.output == "the <text> & more"
+    assert "output_format" not in GradedTest("contract.y", False, "text").gradescope()
+    assert "output_format" not in GradedTest("contract.z", True, "ok", picture="<svg></svg>").gradescope()
+
+
+def test_cbatch_explain_draws_a_run_failing_or_not(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(line) + "\n" for line in WORKLOADS["budget_1"].trace), encoding="utf-8")
+    out = tmp_path / "page.html"
+    cmd = [sys.executable, "-m", "pytest_cbatch.cli", "explain", "--trace", str(trace), "--token-budget", "1",
+           "--html", str(out)]
+    bad = subprocess.run([*cmd, "--impl", "pytest_cbatch.examples.broken_schedulers:budget_overrun"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and f"picture: {out}" in bad.stdout, bad.stdout + bad.stderr
+    page = out.read_text(encoding="utf-8")
+    assert "budget_respected" in page and f'stroke="{MARK}"' in page and "--token-budget 1" in page
+    good = subprocess.run([*cmd, "--impl", "reference"], capture_output=True, text=True, timeout=120)
+    assert good.returncode == 0 and "no clause violated" in out.read_text(encoding="utf-8"), good.stdout
+    missing = subprocess.run(cmd[:-2] + ["--impl", "reference"], capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "needs --html" in missing.stderr
+
+
+def test_cbatch_explain_draws_a_lifecycle_part(tmp_path: Path) -> None:
+    out = tmp_path / "part.html"
+    done = subprocess.run([sys.executable, "-m", "pytest_cbatch.cli", "explain", "--impl",
+                           "pytest_cbatch.examples.broken_lifecycle:replay_refeed", "--lifecycle", "recompute",
+                           "--examples", "5", "--html", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "fail  lifecycle.replay_no_refeed" in done.stdout, done.stdout + done.stderr
+    page = out.read_text(encoding="utf-8")
+    assert "lifecycle.replay_no_refeed" in page and page.count('class="fail"') == 1
+    assert "pool = PagedKV(" in page
+
+
+def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:
+    code = "import sys, pytest_cbatch.plugin, pytest_cbatch.explain; print('pytest_cbatch.picture' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -1,0 +1,179 @@
+"""The pages real failures leave, one of each kind, opened in headless Chromium.
+
+A contract clause on a fixed workload, a generated trace and a lifecycle part (the pytest plugin) and a graded
+submission (its page beside results.json, and its Gradescope output as
+Gradescope would embed it).  Each opens with nothing on the browser's console (the page's
+Content-Security-Policy would log any script or fetch it refused), and a screenshot shows the violation's
+marker.  The browser tests skip where Chromium is missing (tests/browser.py says how to install it).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from browser import SKIP_REASON, chromium, console_problems, marker_pixels, screenshot
+
+from pytest_cbatch.contract import Violation
+from pytest_cbatch.grading.evaluate import Submission, grade_submission
+from pytest_cbatch.grading.plan import build_plan
+from pytest_cbatch.grading.rubric import load_rubric
+from pytest_cbatch.picture import failure_page
+from pytest_cbatch.picture.markup import MARK
+from pytest_cbatch.plugin import suite_dir
+from pytest_cbatch.sandbox import LoadSpec
+
+BROKEN = "pytest_cbatch.examples.broken_schedulers:budget_overrun"
+BRIEF = ("from hypothesis import Phase, settings\n"  # a failing example is drawn as it is found: no shrinking
+         "settings.register_profile('brief', max_examples=5, derandomize=True, database=None, deadline=None,\n"
+         "                           phases=[Phase.explicit, Phase.generate])\n")
+OVERRUN = """from pytest_cbatch.reference.scheduler_sim import simulate as reference
+
+
+def simulate(*args, **kwargs):
+    report = reference(*args, **kwargs)
+    for event in report["events"]:
+        if event["event"] == "dispatch":
+            event["unused_budget"] += 1  # claims a token of budget it spent
+    return report
+"""
+FIGURE_X = 60
+KINDS = ("contract", "generated", "lifecycle", "graded", "gradescope", "gradescope-lifecycle")
+REFEED = """from pytest_cbatch.reference.scheduler_faults import PagedKV
+from pytest_cbatch.reference.scheduler_faults import RecomputeRequest as Reference
+
+
+class RecomputeRequest(Reference):
+    def resume(self):
+        replay = self.state == "preempted"
+        resumed = super().resume()
+        if resumed and replay and self.outputs and self.pool.free:
+            self.pool.append(self.owner, self.outputs[-1])  # feeds the pending sample a second time
+        return resumed
+"""
+needs_chromium = pytest.mark.skipif(chromium() is None, reason=SKIP_REASON)
+
+
+@pytest.fixture(scope="module")
+def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """One page of each kind, each left by a real failure."""
+    root = tmp_path_factory.mktemp("pictures")
+    project = root / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text(BRIEF, encoding="utf-8")
+    others = [f"--ignore={p}" for p in suite_dir().glob("test_*.py") if p.name != "test_contract.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", f"--cbatch-impl={BROKEN}",
+                          "--hypothesis-profile=brief", *others, "-k", "budget_respected-demo and not serial "
+                          "or test_generated_traces and not preemption"],
+                         cwd=project, capture_output=True, text=True, timeout=600)
+    failures = project / ".cbatch-failures"
+    assert f"picture: {failures / 'budget_respected-demo.html'}" in run.stdout, run.stdout[-3000:]
+    others = [f"--ignore={p}" for p in suite_dir().glob("test_*.py") if p.name != "test_lifecycle.py"]
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=brief",
+                          "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", *others,
+                          "-k", "recompute"], cwd=project, capture_output=True, text=True, timeout=600)
+    lifecycle = failures / "lifecycle-recompute.html"
+    assert f"picture: {lifecycle}" in run.stdout, run.stdout[-3000:]
+    graded = _graded(root)
+    return {"contract": failures / "budget_respected-demo.html",
+            "generated": failures / "budget_respected-generated-reserve.html",
+            "lifecycle": lifecycle, **graded}
+
+
+def _graded(root: Path) -> dict[str, Path]:
+    """Grade a one-file submission that overruns the token budget; its page and its Gradescope output."""
+    folder = root / "student"
+    folder.mkdir()
+    source = folder / "scheduler_sim.py"
+    source.write_text(OVERRUN, encoding="utf-8")
+    (folder / "scheduler_faults.py").write_text(REFEED, encoding="utf-8")
+    rubric = root / "rubric.toml"
+    rubric.write_text('[grading]\nparts = ["scheduler", "lifecycle"]\ngenerated_examples = 0\nlifecycle_examples = 5\n'
+                      'sandbox = "process"\nkit_imports = "allow"\n[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n'
+                      '"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
+    out = root / "graded"
+    out.mkdir()
+    whole = build_plan(load_rubric(rubric))  # the demo workload and one invalid input are enough to fail on
+    plan = replace(whole, cases=tuple(c for c in whole.cases if c.label == "demo"), invalid=whole.invalid[:1])
+    assert plan.cases
+    files = ("scheduler_sim.py", "scheduler_faults.py")
+    result = grade_submission(Submission("student", str(folder), LoadSpec(str(folder), files)),
+                              load_rubric(rubric), plan, out)
+    doc = result.gradescope()
+    (out / "results.json").write_text(json.dumps(doc), encoding="utf-8")
+    outputs = {t["name"]: t["output"] for t in doc["tests"]}
+    embedded = {}
+    for kind, name in (("gradescope", "contract.budget_respected"),
+                       ("gradescope-lifecycle", "lifecycle.replay_no_refeed")):
+        embedded[kind] = root / f"{kind}.html"  # the test's output in a bare page: none of the kit's style sheet
+        embedded[kind].write_text(f"<!DOCTYPE html><html><body>{outputs[name]}</body></html>", encoding="utf-8")
+    written = sorted(out.glob("budget_respected-*.html"))
+    return {"graded": written[0] if written else out / "missing.html", "results": out / "results.json", **embedded}
+
+
+def test_every_kind_of_failure_leaves_a_page(pages: dict[str, Path]) -> None:
+    for kind in KINDS:
+        text = pages[kind].read_text(encoding="utf-8")
+        assert f'stroke="{MARK}"' in text or "fails here" in text, kind
+        assert "<script" not in text and "https://" not in text, kind
+
+
+def test_gradescope_shows_a_failing_test_as_html_and_a_passing_one_as_text(pages: dict[str, Path]) -> None:
+    doc = json.loads(pages["results"].read_text(encoding="utf-8"))
+    failing = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
+    assert failing["output_format"] == "html" and "<svg" in failing["output"] and "<pre>" in failing["output"]
+    assert "unused_budget" in failing["output"]
+    passing = [t for t in doc["tests"] if t["status"] == "passed"]
+    assert passing and all("output_format" not in t for t in passing)
+    lifecycle = next(t for t in doc["tests"] if t["name"] == "lifecycle.replay_no_refeed")
+    assert lifecycle["output_format"] == "html" and "fails here" in lifecycle["output"]
+
+
+@needs_chromium
+@pytest.mark.parametrize("kind", KINDS)
+def test_each_page_opens_in_chromium_without_console_errors(pages: dict[str, Path], kind: str) -> None:
+    problems, dom = console_problems(pages[kind])
+    assert not problems, problems
+    assert ("<svg" in dom) and ("unused_budget" in dom or "lifecycle." in dom), dom[:2000]
+
+
+@needs_chromium
+def test_a_page_of_hostile_values_runs_and_loads_nothing_in_chromium(tmp_path: Path) -> None:
+    hostile = "</script><img src=x onerror=console.error('xss')><script>console.error('xss')</script>"
+    report = {"time_unit": "synthetic_tick", "config": {"capacity": 2},
+              "events": [{"time": 0, "event": "arrival", "id": hostile},
+                         {"time": 0, "event": "dispatch", "work": [{"id": hostile, "phase": "prefill",
+                                                                     "input_tokens": 1}]},
+                         {"time": 1, "event": "x-" + hostile, "id": hostile, hostile: hostile}]}
+    path = tmp_path / "hostile.html"
+    path.write_text(failure_page(spec=hostile, clause="schema_valid", workload=hostile, trace=[], report=report,
+                                 violations=[Violation("schema_valid", hostile, request=hostile, time=0)],
+                                 replay=hostile, text=hostile), encoding="utf-8")
+    problems, dom = console_problems(path)
+    assert not problems, problems
+    assert "<img" not in dom and "<script" not in dom and "&lt;/script&gt;&lt;img src=x" in dom
+
+
+@needs_chromium
+def test_the_console_check_hears_a_page_that_misbehaves(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.html"
+    bad.write_text('<html><body><script>console.error("boom")</script></body></html>', encoding="utf-8")
+    problems, _dom = console_problems(bad)
+    assert any("boom" in line for line in problems), problems
+
+
+@needs_chromium
+def test_the_screenshot_shows_the_marked_violation(pages: dict[str, Path], tmp_path: Path) -> None:
+    shot = tmp_path / "contract.png"
+    screenshot(pages["contract"], shot, 1000, 600)
+    assert marker_pixels(shot, MARK, min_x=FIGURE_X) > 500  # right of the verdict box's coloured edge: the figure
+    passing = tmp_path / "ok.html"
+    done = subprocess.run([sys.executable, "-m", "pytest_cbatch.cli", "explain", "--impl", "reference",
+                           "--html", str(passing)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    screenshot(passing, tmp_path / "ok.png", 1000, 600)
+    assert marker_pixels(tmp_path / "ok.png", MARK) == 0
