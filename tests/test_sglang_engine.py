@@ -103,3 +103,26 @@ def test_engines_are_built_in_turn_in_one_process() -> None:
     second.add("x", [1, 2, 3], 1)
     steps = _drive(second)
     assert _tokens(steps, "x") == 1 and second.free_slots() == 40
+
+
+def test_decode_out_of_slots_retracts_the_newest_request_which_recomputes_and_resumes() -> None:
+    # Without ignore_eos SGLang budgets running requests at new_token_ratio (0.7) of their remaining
+    # output, so three 30-token requests are admitted into 80 slots that hold only two of them.
+    e = Engine(EngineSettings(max_total_tokens=80, max_running_requests=4, chunked_prefill_size=16,
+                              max_prefill_tokens=64, context_length=64))
+    for i, rid in enumerate("abc"):
+        e.add(rid, [10 + 10 * i, 11 + 10 * i], 30, ignore_eos=False)
+    steps, retracted_at = [], None
+    for _ in range(80):
+        steps.append(e.step())
+        if retracted_at is None and any(getattr(r, "is_retracted", False) for r in e.sched.waiting_queue):
+            retracted_at = len(steps) - 1
+            assert e.waiting() == ["c"] and e.running() == ["a", "b"]
+            assert e.free_slots() > 2  # c's slots came back
+        if e.idle():
+            break
+    assert retracted_at is not None, "SGLang never retracted: update_running_batch's check_decode_mem held"
+    c_extends = [n for s in steps[retracted_at:] for rid, n, _ in s.rows if rid == "c" and s.mode == "EXTEND"]
+    assert sum(c_extends) > 2 and max(c_extends) <= 16  # the recompute rebuilds prompt and outputs, in chunks
+    assert {rid: _tokens(steps, rid) for rid in "abc"} == {"a": 30, "b": 30, "c": 30}  # nothing emitted twice
+    assert e.free_slots() == 80

@@ -204,9 +204,16 @@ class Engine:
 
     # -- requests ----------------------------------------------------------------
 
-    def add(self, rid: str, prompt: list[int], max_new_tokens: int) -> None:
-        """``handle_generate_request`` with a tokenized prompt (no eos stop)."""
-        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    def add(self, rid: str, prompt: list[int], max_new_tokens: int, *, ignore_eos: bool = True) -> None:
+        """``handle_generate_request`` with a tokenized prompt.
+
+        The synthetic token is never the eos token, so a request ends at ``max_new_tokens`` either
+        way; ``ignore_eos`` decides how SGLang budgets it.  With it, SGLang reserves the whole
+        remaining output of every running request when admitting (``PrefillAdder``, ratio 1.0 for
+        "fixed-length requests"); without it, only ``new_token_ratio`` of it, and decode may run
+        out of slots and retract.
+        """
+        params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=ignore_eos)
         params.normalize(None)
         self.sched.handle_generate_request(TokenizedGenerateReqInput(
             rid=rid, input_text=None, input_ids=array("q", prompt), input_embeds=None, mm_inputs=None,
