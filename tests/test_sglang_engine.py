@@ -126,3 +126,24 @@ def test_decode_out_of_slots_retracts_the_newest_request_which_recomputes_and_re
     assert sum(c_extends) > 2 and max(c_extends) <= 16  # the recompute rebuilds prompt and outputs, in chunks
     assert {rid: _tokens(steps, rid) for rid in "abc"} == {"a": 30, "b": 30, "c": 30}  # nothing emitted twice
     assert e.free_slots() == 80
+
+
+def test_findings_a_request_that_cannot_be_served() -> None:
+    """What SGLang 0.5.23 does with requests that cannot be served as asked (findings; see
+    docs/engines/sglang.md): these assert SGLang's behaviour as it is, so a new version that
+    changes it fails here and the page gets updated."""
+    e = Engine(SETTINGS)  # 16 slots: max_req_len 15, max_req_input_len 10
+    assert (e.sched.max_req_len, e.sched.max_req_input_len) == (15, 10)
+    e.add("big", list(range(10, 22)), 2)    # prompt 12 > max_req_input_len
+    e.add("long", list(range(30, 36)), 12)  # prompt 6: max_new_tokens is cut to fit max_req_len
+    assert [r.sampling_params.max_new_tokens for r in e.sched.waiting_queue if r.rid == "long"] == [8]
+    first = e.step()
+    # the refused prompt still goes through a one-row prefill, and its abort carries a sampled token
+    assert first.rows == [("big", 1, 0)]
+    ((reason,),) = [[f for r, f in zip(o.rids, o.finished_reasons) if r == "big"] for o in first.outputs]
+    assert reason["type"] == "abort" and "exceeds the maximum allowed length" in reason["message"]
+    assert _tokens([first], "big") == 1
+    # "long" (6 + 8 = 14 slots of 16) is never admitted: the ignore_eos budget keeps refusing it
+    for _ in range(20):
+        assert e.step().mode is None
+    assert e.waiting() == ["long"] and not e.idle() and e.free_slots() == 16
