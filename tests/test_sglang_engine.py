@@ -147,3 +147,27 @@ def test_findings_a_request_that_cannot_be_served() -> None:
     for _ in range(20):
         assert e.step().mode is None
     assert e.waiting() == ["long"] and not e.idle() and e.free_slots() == 16
+
+
+def test_with_pages_of_four_slots_requests_hold_whole_pages_and_give_them_back() -> None:
+    e = Engine(EngineSettings(max_total_tokens=32, max_running_requests=4, chunked_prefill_size=4,
+                              max_prefill_tokens=64, context_length=64, page_size=4))
+    assert e.sched.page_size == 4
+    e.add("a", list(range(10, 16)), 5)
+    e.add("b", [20, 21, 22], 3)
+    seen: dict[str, set[int]] = {"a": set(), "b": set()}
+    steps = []
+    for _ in range(30):
+        steps.append(e.step())
+        tables = e.pages()
+        for rid, pages in tables.items():
+            seen[rid].update(pages)
+        held = [p for pages in tables.values() for p in pages]
+        assert len(held) == len(set(held)), f"a page held twice: {tables}"
+        assert 0 not in held  # the padding page is never handed out
+        assert e.free_slots() % 4 == 0  # whole pages only
+        if e.idle():
+            break
+    assert {rid: _tokens(steps, rid) for rid in "ab"} == {"a": 5, "b": 3}
+    assert len(seen["a"]) >= 3 and seen["b"]  # a: 6 + 5 - 1 slots need three pages
+    assert e.pages() == {} and e.free_slots() == 32

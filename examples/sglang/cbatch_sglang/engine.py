@@ -39,6 +39,7 @@ from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput  # noqa: E402
 from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
 from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
@@ -58,14 +59,15 @@ Scheduler = scheduler_module.Scheduler
 
 @dataclass(frozen=True)
 class EngineSettings:
-    """The SGLang settings one run uses (page_size 1: one KV slot per token)."""
+    """The SGLang settings one run uses."""
 
-    max_total_tokens: int          # KV slots in the pool
+    max_total_tokens: int          # KV slots in the pool (a multiple of page_size)
     max_running_requests: int      # also the ReqToTokenPool's rows
     chunked_prefill_size: int      # the longest prefill chunk
     max_prefill_tokens: int        # the token budget of one prefill batch
     context_length: int            # the longest sequence a request may reach
     schedule_policy: str = "fcfs"
+    page_size: int = 1             # KV slots per page; above 1 SGLang's paged allocator hands out whole pages
 
 
 @dataclass
@@ -90,8 +92,12 @@ class _StandInRunner:
         # The allocator hands out slot indices; the KV tensors it would index are never made.
         self.token_to_kv_pool = SimpleNamespace(size=tokens, dtype=torch.float16, device="cpu",
                                                 post_capture_active=False)
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, torch.float16, "cpu",
-                                                                 self.token_to_kv_pool, False)
+        if settings.page_size == 1:
+            self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, torch.float16, "cpu",
+                                                                     self.token_to_kv_pool, False)
+        else:
+            self.token_to_kv_pool_allocator = PagedTokenToKVPoolAllocator(
+                tokens, settings.page_size, torch.float16, "cpu", self.token_to_kv_pool, False)
         self.memory_pool_config = SimpleNamespace()  # pools exist: init_target_memory_pool returns early
         self.attn_backend = SimpleNamespace()
         self.canary_manager = None
@@ -169,7 +175,8 @@ class Engine:
         self.settings = settings
         args = ServerArgs(
             model_path=str(MODEL_DIR), device="cpu", skip_tokenizer_init=True, load_format="dummy",
-            disable_overlap_schedule=True, disable_radix_cache=True, disable_cuda_graph=True, page_size=1,
+            disable_overlap_schedule=True, disable_radix_cache=True, disable_cuda_graph=True,
+            page_size=settings.page_size,
             schedule_policy=settings.schedule_policy, context_length=settings.context_length,
             max_total_tokens=settings.max_total_tokens, max_running_requests=settings.max_running_requests,
             chunked_prefill_size=settings.chunked_prefill_size, max_prefill_tokens=settings.max_prefill_tokens)
@@ -258,6 +265,25 @@ class Engine:
 
     def running(self) -> list[str]:
         return [r.rid for r in self.sched.running_batch.reqs]
+
+    def pages(self) -> dict[str, list[int]]:
+        """Each request holding KV rows: its page ids in logical order, read from SGLang's
+        ``req_to_token`` table (slot // page_size; page 0 is the allocator's padding page)."""
+        reqs = list(self.sched.running_batch.reqs) + list(self.sched.waiting_queue)
+        if self.sched.chunked_req is not None:
+            reqs.append(self.sched.chunked_req)
+        if self.sched.last_batch is not None:
+            reqs.extend(self.sched.last_batch.reqs)
+        page = self.settings.page_size
+        tables: dict[str, list[int]] = {}
+        for req in reqs:
+            row = req.kv.req_pool_idx
+            if row is None or req.rid in tables:
+                continue
+            held = int(req.kv.kv_allocated_len)  # the request's slots are [0, kv_allocated_len) of its row
+            slots = self.sched.req_to_token_pool.req_to_token[int(row)][:held].tolist()
+            tables[req.rid] = list(dict.fromkeys(slot // page for slot in slots))
+        return tables
 
     def chunked(self) -> str | None:
         req = self.sched.chunked_req
