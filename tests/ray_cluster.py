@@ -53,8 +53,10 @@ def run_on_cluster(command: list[str], workdir: Path, kill_one_task: bool = Fals
 
 def _inside(workdir: Path, temp: Path, kill: bool, command: list[str]) -> int:
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(temp / "home")}
+    # HOME holds Ray's token, TMPDIR the workers' folders (a worker killed mid-task leaves its own): both go with temp.
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": str(temp / "home"), "TMPDIR": str(temp / "tmp")}
     (temp / "home").mkdir()
+    (temp / "tmp").mkdir()
     ray = str(Path(sys.executable).with_name("ray"))
     head = [ray, "start", "--head", "--port", str(_PORT), "--include-dashboard=false", "--temp-dir", str(temp), *_NODE]
     for argv, log in ((head, "ray-head.log"), ([ray, "start", "--address", f"127.0.0.1:{_PORT}", *_NODE],
