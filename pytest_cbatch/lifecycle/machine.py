@@ -181,9 +181,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def before_step(self, name: str, kwargs: dict[str, Any]) -> None:
         """Called as a judged rule or invariant ``name`` starts, with its arguments (plain data); nothing here.
 
-        A machine whose implementation lives elsewhere overrides it to have
-        that step run there first (``sandbox.mirror``); the step's body, and so
-        every check, then runs here as usual.
+        A machine whose implementation lives elsewhere overrides it to match
+        the step with that implementation's own run of it (``sandbox.search``);
+        the step's body, and so every check, then runs here as usual.
         """
 
     # ------------------------------------------------------------- verdicts

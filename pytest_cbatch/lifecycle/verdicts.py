@@ -162,7 +162,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     unshrunk, and ends the part: the clauses not yet judged are ``skip``.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
     raises ``bounded.CallStopped`` at once, without shrinking.  ``wrap``, when given, turns each
-    machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``), and
+    machine class bound to ``namespace`` into the one that runs (``sandbox.search.searched``), and
     ``search`` runs each search in place of ``search_here`` (``sandbox.search``).
     """
     if part not in PARTS:
