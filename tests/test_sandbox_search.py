@@ -4,6 +4,8 @@ channel; whatever goes wrong in the child's search, the part is judged again ove
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +180,7 @@ def test_a_search_that_hangs_is_judged_again_over_the_live_channel(tmp_path: Pat
     clause, message = failed[0]
     assert "pool.fork(" in message and "did not return: the submission did not answer within 2 s" in message
     assert message.rstrip().splitlines()[-1].strip().startswith("pool.fork(")  # the replay ends at the hung call
+    assert re.search(r'File "hangs.py", line 7, in fork', message), message  # where the loop was stopped
     stopped = f"not judged: the allocator part stopped at a call that did not return in time ({clause})"
     assert {v.message for v in verdicts.values() if v.status != "fail"} == {stopped}
     assert ways.live_timeouts == 1  # over the live channel: one wait, no shrinking, no final run
