@@ -93,6 +93,10 @@ class Judge:
             self._runs[key] = _Run(outcome, violations, schema_ok)
         return self._runs[key]
 
+    def forget(self) -> None:
+        """Drop every cached run, and so its report: for a caller done with the workloads judged so far."""
+        self._runs.clear()
+
     def judge(self, clause: str, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> ClauseResult:
         """Judge ``clause`` on the implementation's run of ``trace`` under ``config``."""
         if (clause not in ALL_CLAUSES and clause not in OPT_IN_CLAUSES) or clause == "invalid_input_refused":

@@ -20,7 +20,7 @@ MIX = _module.MIX
 SMALL_RUBRIC = """\
 [grading]
 generated_examples = 2
-lifecycle_examples = 1
+lifecycle_examples = 4
 numerics = "off"
 [limits]
 call_seconds = 5

@@ -144,7 +144,7 @@ def test_submissions_and_other_results_are_untouched(graded) -> None:
 
 def test_gradescope_mode_and_a_rerun_reuse_nothing_stale(tmp_path: Path) -> None:
     rubric = tmp_path / "rubric.toml"
-    rubric.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 1\nnumerics = "off"\n'
+    rubric.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 4\nnumerics = "off"\n'
                       '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
     make_samples(tmp_path, only=("buggy_itl",))
     (tmp_path / "buggy_itl").rename(tmp_path / "submission")
@@ -193,7 +193,7 @@ def test_bad_rubrics_are_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixt
 
 def _tiny_rubric(tmp_path: Path, grading: str = "", numerics: str = "off") -> Rubric:
     path = tmp_path / "tiny.toml"
-    path.write_text(f'[grading]\ngenerated_examples = 0\nlifecycle_examples = 1\nnumerics = "{numerics}"\n' + grading
+    path.write_text(f'[grading]\ngenerated_examples = 0\nlifecycle_examples = 4\nnumerics = "{numerics}"\n' + grading
                     + '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 2 }\n"lifecycle.*" = { points = 1 }\n'
                       '"numerics.*" = { points = 1 }\n', encoding="utf-8")
     return load_rubric(path)

@@ -43,7 +43,7 @@ def _published(folder: Path, overlay: str = "") -> Path:
 def _rubric(tmp_path: Path, grading: str = "", hidden: str = ""):
     path = tmp_path / "rubric.toml"
     numerics = "" if "numerics" in grading else 'numerics = "off"\n'
-    path.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 2\n' + numerics + grading
+    path.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 4\n' + numerics + grading
                     + '[limits]\ncall_seconds = 120\n' + hidden
                     + '[tests]\n"contract.*" = { points = 1 }\n"lifecycle.*" = { points = 1 }\n'
                       '"numerics.*" = { points = 1 }\n', encoding="utf-8")

@@ -57,7 +57,7 @@ def test_a_correct_submission_passes_every_clause_through_the_sandbox(tmp_path: 
      LIMITS, "printed more than 64 KiB"),
     ("import json, os, sys\ndef simulate(events, **config):\n"
      "    os.write(json.loads(sys.argv[1])['rpc_out'], b'not json\\n')\n    return {}\n",
-     LIMITS, "garbage on the RPC channel"),
+     LIMITS, "wrote garbage (Expecting value"),
 ], ids=["died", "timeout", "flood", "garbage"])
 def test_a_broken_call_is_a_clear_failure_and_the_next_call_gets_a_fresh_child(
     tmp_path: Path, body: str, limits: Limits, words: str

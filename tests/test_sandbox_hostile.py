@@ -33,7 +33,7 @@ FULL = len(ALL_CLAUSES) + len(LIFECYCLE_CLAUSES)  # the rubric below: 1 point pe
 RUBRIC = f"""
 [grading]
 generated_examples = 0
-lifecycle_examples = 1
+lifecycle_examples = 5
 numerics = "off"
 sandbox = "bwrap"
 [limits]

@@ -172,6 +172,8 @@ def check_report(
                     out.append(v)
             if found > max_per_clause:
                 out.append(Violation(cid, f"... and {found - max_per_clause} more violations of this clause"))
+        # Freed while the collector is paused: resumed with the index alive, its first pass would walk all of it.
+        del index
         return out
 
 

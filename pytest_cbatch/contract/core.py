@@ -160,6 +160,9 @@ def short(values: Sequence[Any], limit: int = 12) -> str:
     return f"[{text}{', ...' if len(values) > limit else ''}]"
 
 
+_FIRST, _SECOND, _TIME = itemgetter(0), itemgetter(1), itemgetter("time")
+
+
 class ReportIndex:
     """A report cross-referenced with its trace, built in one pass over the events.
 
@@ -218,7 +221,10 @@ class ReportIndex:
         self.dispatches: list[int] = self.kinds["dispatch"]
         self.snapshots: list[int] = self.kinds["snapshot"]
         # The one pass over the events: everything the clauses look up per request is filled in here.
+        # The input tokens each dispatch feeds (its rows summed in order), in the order of ``dispatches``.
+        self.dispatch_fed: list[Any] = []
         seq, unknown, terminal, tokens, marks = self.seq, self.unknown, self._terminal, self._tokens, self._marks
+        dispatch_fed = self.dispatch_fed
         steps, kinds = self.steps, self.kinds
         for i, ev in enumerate(self.events):
             kind = ev["event"]
@@ -236,13 +242,16 @@ class ReportIndex:
             steps.append(i)
             kinds.setdefault(kind, []).append(i)
             if kind == "dispatch":
+                fed = 0
                 for row in ev["work"]:
+                    fed += row["input_tokens"]
                     rid = row["id"]
                     target = seq.get(rid)
                     if target is None:
                         unknown.setdefault(rid, i)
                     else:
                         target.append((i, "row", row))
+                dispatch_fed.append(fed)
             elif kind != "snapshot":
                 rid = ev["id"]
                 target = seq.get(rid)
@@ -315,14 +324,14 @@ class ReportIndex:
         """The times of the request's token events, in order."""
         times = self._token_times.get(rid)
         if times is None:
-            times = self._token_times[rid] = [ev["time"] for _, ev in self._tokens[rid]]
+            times = self._token_times[rid] = list(map(_TIME, map(_SECOND, self._tokens[rid])))
         return times
 
     def frame_times(self, rid: str) -> list[float]:
         """The distinct times at which the request's tokens arrived (one per data frame), in order."""
         times = self._frame_times.get(rid)
         if times is None:
-            times = self._frame_times[rid] = [t for t, _ in groupby(self.token_times(rid))]
+            times = self._frame_times[rid] = list(map(_FIRST, groupby(self.token_times(rid))))
         return times
 
     def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
@@ -339,7 +348,7 @@ class ReportIndex:
     def block_tables(self) -> BlockTables:
         """What each snapshot's block tables changed, and each one's page census (built on first use)."""
         if self._tables is None:
-            self._tables = BlockTables(self.events, self.snapshots, self.capacity)
+            self._tables = BlockTables(self.events, self.snapshots, self.capacity, self.largest)
         return self._tables
 
     def replayed(self, cid: str) -> list[Violation]:
@@ -402,7 +411,8 @@ class Replay:
         if kind == "dispatch":
             fed = self.fed
             for row in ev["work"]:
-                fed[row["id"]] = fed.get(row["id"], 0) + row["input_tokens"]
+                rid = row["id"]
+                fed[rid] = fed.get(rid, 0) + row["input_tokens"]
         elif kind == "snapshot":
             self.snapshot_time = ev["time"]
         elif kind in _NEXT_STATE or kind in ("finished", "cancelled"):

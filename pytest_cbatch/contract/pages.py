@@ -16,9 +16,6 @@ from typing import Any, Iterator, Mapping
 from .core import TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short
 
 
-_ENDED = frozenset(("draining", "ended"))
-
-
 def _doubled(tables: Mapping[str, list[int]]) -> list[int]:
     owners: dict[int, str] = {}
     doubled = []
@@ -55,8 +52,9 @@ def _pages_conserved(ix: ReportIndex, i: int, snap: dict[str, Any], replay: Repl
         yield ix.violation(cid, f"allocated {snap['allocated_blocks']} + free {snap['free_blocks']} != capacity "
                                 f"{cap}", None, i)
     total, distinct, outside = ix.block_tables().census[i]
-    state = replay.state
-    draining = sum([len(table) for rid, table in tables.items() if state.get(rid) in _ENDED])
+    members = replay.members
+    draining = sum(map(len, map(tables.__getitem__, [*(tables.keys() & members["draining"]),
+                                                      *(tables.keys() & members["ended"])])))
     if distinct != total:
         yield ix.violation(cid, f"{total - distinct} page(s) appear twice in the block tables: "
                                 f"{short(_doubled(tables))}", None, i)
@@ -130,13 +128,19 @@ def _pages_cover_rows(ix: ReportIndex, i: int, ev: dict[str, Any], replay: Repla
         return
     bs, fed, state = ix.bs, replay.fed, replay.state
     tables = ev["block_tables"]
+    table_of, fed_by = tables.get, fed.get
     for members in (replay.members["active"], replay.members["draining"]):
-        short_of = [rid for rid in members if len(tables.get(rid, ())) < -(-fed.get(rid, 0) // bs)]
+        short_of = [rid for rid in members if len(table_of(rid, ())) < -(-fed_by(rid, 0) // bs)]
         for rid in sorted(short_of):
             need = -(-fed.get(rid, 0) // bs)
             yield ix.violation(cid, f"has fed {fed.get(rid, 0)} rows, which need {need} pages; the snapshot "
                                     f"shows {len(tables.get(rid, ()))}", rid, i)
     largest = ix.largest
+    # Only a table that grew past its largest need, or that a request neither admitted nor draining shows,
+    # can be at fault: look closer only when there is one.
+    held_elsewhere = tables.keys() - replay.members["active"] - replay.members["draining"]
+    if not any(tables[rid] for rid in held_elsewhere) and not ix.block_tables().oversized[i]:
+        return
     for rid, table in tables.items():
         if not table or rid not in largest:
             continue

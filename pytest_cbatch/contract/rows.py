@@ -26,22 +26,24 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pending_sample_fed_once"
     for rid, line in ix.arrivals.items():
         prompt = line["prompt_tokens"]
-        fed = emitted = 0
+        fed = 0
+        rows = prompt   # the rows that exist to feed: prompt + outputs emitted so far
         for i, kind, ev in ix.seq[rid]:
-            if kind == "preempted":
-                fed = 0
+            if kind == "token":   # tokens first: most entries are tokens
+                if fed != rows:
+                    emitted = rows - prompt + 1
+                    yield ix.violation(cid, f"output {emitted} emitted after {fed} input rows this incarnation; "
+                                            f"expected prompt {prompt} + {emitted} - 1 = {rows}", rid, i)
+                    break
+                rows += 1
             elif kind == "row":
                 fed += ev["input_tokens"]
-                if fed > prompt + emitted:
-                    yield ix.violation(cid, f"rows fed reach {fed} with prompt {prompt} and {emitted} outputs "
-                                            f"emitted: at most {prompt + emitted} rows exist to feed", rid, i)
+                if fed > rows:
+                    yield ix.violation(cid, f"rows fed reach {fed} with prompt {prompt} and {rows - prompt} outputs "
+                                            f"emitted: at most {rows} rows exist to feed", rid, i)
                     break
-            elif kind == "token":
-                emitted += 1
-                if fed != prompt + emitted - 1:
-                    yield ix.violation(cid, f"output {emitted} emitted after {fed} input rows this incarnation; "
-                                            f"expected prompt {prompt} + {emitted} - 1 = {prompt + emitted - 1}", rid, i)
-                    break
+            elif kind == "preempted":
+                fed = 0
 
 
 @clause("lifecycle_order",
@@ -63,18 +65,20 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
     cid = "lifecycle_order"
     limit = ix.max_active()
     state: dict[str, str] = {}
+    arrivals = ix.arrivals
     active = 0
     for i in ix.steps:   # tokens change no request's state
         ev = ix.events[i]
         kind = ev["event"]
         if kind == "dispatch":
             for row in ev["work"]:
-                if row["id"] in ix.arrivals and state.get(row["id"]) != "active":
+                rid = row["id"]
+                if rid in arrivals and state.get(rid) != "active":
                     yield ix.violation(cid, f"dispatch row ({row['phase']}) while the request is "
-                                            f"{state.get(row['id'], 'not arrived')}, not admitted", row["id"], i)
+                                            f"{state.get(rid, 'not arrived')}, not admitted", rid, i)
             continue
         rid = ev.get("id")
-        if rid not in ix.arrivals:
+        if rid not in arrivals:
             continue
         now = state.get(rid)
         if kind == "arrival":
@@ -110,9 +114,8 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
     budget = ix.cfg["token_budget"]
-    for i in ix.dispatches:
+    for i, used in zip(ix.dispatches, ix.dispatch_fed):
         ev = ix.events[i]
-        used = sum(row["input_tokens"] for row in ev["work"])
         if used > budget:
             yield ix.violation("budget_respected", f"dispatch feeds {used} tokens, token_budget is {budget}", None, i)
         elif ev["unused_budget"] != budget - used:
@@ -139,6 +142,7 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
     chunk = ix.cfg["prefill_chunk"]
     fed: dict[str, int] = {}
     first_token = {rid: tokens[0][0] for rid in ix.arrivals if (tokens := ix.tokens(rid))}
+    prompts = {rid: line["prompt_tokens"] for rid, line in ix.arrivals.items()}
     preempted: set[str] = set()
     for i in ix.steps:
         ev = ix.events[i]
@@ -151,26 +155,27 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
                 yield ix.violation(cid, "dispatch with no rows", None, i)
             seen: set[str] = set()
             for row in ev["work"]:
-                rid, n, phase = row["id"], row["input_tokens"], row["phase"]
-                line = ix.arrivals.get(rid)
-                if line is None:
+                rid = row["id"]
+                prompt = prompts.get(rid)
+                if prompt is None:
                     continue
                 if rid in seen:
                     yield ix.violation(cid, "two rows for the same request in one dispatch", rid, i)
                 seen.add(rid)
+                n, phase = row["input_tokens"], row["phase"]
                 done = fed.get(rid, 0)
                 problem = None
-                if phase == "decode" and (n != 1 or done < line["prompt_tokens"]
-                                          or first_token.get(rid, i) >= i):
-                    emitted = bisect_left(ix.tokens(rid), i, key=itemgetter(0))
-                    problem = (f"decode row of {n} tokens after {done} of {line['prompt_tokens']} prompt rows and "
-                               f"{emitted} outputs; a decode row feeds 1 token once the prompt is "
-                               f"fed and an output exists")
-                elif phase != "decode" and n > chunk:
+                if phase == "decode":
+                    if n != 1 or done < prompt or first_token.get(rid, i) >= i:
+                        emitted = bisect_left(ix.tokens(rid), i, key=itemgetter(0))
+                        problem = (f"decode row of {n} tokens after {done} of {prompt} prompt rows and "
+                                   f"{emitted} outputs; a decode row feeds 1 token once the prompt is "
+                                   f"fed and an output exists")
+                elif n > chunk:
                     problem = f"{phase} row of {n} tokens exceeds prefill_chunk {chunk}"
-                elif phase == "prefill" and done + n > line["prompt_tokens"]:
+                elif phase == "prefill" and done + n > prompt:
                     problem = f"prefill row covers positions {done}..{done + n - 1} past the prompt's " \
-                              f"{line['prompt_tokens']} tokens"
+                              f"{prompt} tokens"
                 elif phase == "recompute" and rid not in preempted:
                     problem = "recompute row for a request that was never preempted"
                 if problem:
@@ -189,7 +194,7 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _input_tokens_accounted(ix: ReportIndex) -> Iterator[Violation]:
     summary = ix.report["summary"]
-    total = sum(row["input_tokens"] for i in ix.dispatches for row in ix.events[i]["work"])
+    total = sum(ix.dispatch_fed)
     if summary["processed_input_tokens"] != total:
         yield ix.violation("input_tokens_accounted", f"summary.processed_input_tokens "
                                                      f"{summary['processed_input_tokens']}, dispatch rows sum to {total}")

@@ -8,7 +8,7 @@ judges the report.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 __all__ = ["BlockTables"]
 
@@ -19,18 +19,24 @@ class BlockTables:
     ``changed[i]``: the ids whose table in snapshot ``i`` differs from their
     table in the snapshot before (or that it did not show), in table order.
     ``census[i]``: ``(pages listed, distinct pages, listings outside
-    0..capacity-1)`` over all of snapshot ``i``'s tables.  ``last_holding[id]``:
-    the last snapshot whose table for ``id`` holds a page.
+    0..capacity-1)`` over all of snapshot ``i``'s tables.  ``oversized[i]``:
+    how many of its tables list more pages than ``limits`` gives their id (none
+    without ``limits``).
+    ``last_holding[id]``: the last snapshot whose table for ``id`` holds a page.
     """
 
-    def __init__(self, events: Sequence[dict[str, Any]], snapshots: Sequence[int], capacity: int):
+    def __init__(self, events: Sequence[dict[str, Any]], snapshots: Sequence[int], capacity: int,
+                 limits: Mapping[str, int] | None = None):
         self.changed: dict[int, list[str]] = {}
         self.census: dict[int, tuple[int, int, int]] = {}
+        self.oversized: dict[int, int] = {}
         self.last_holding: dict[str, int] = {}
         self._listed: dict[Any, int] = {}   # page -> how many tables list it
         self._capacity = capacity
         self._total = self._repeats = self._outside = 0
+        over, limits = 0, limits or {}
         before: dict[str, list[Any]] = {}
+        last = -1   # the snapshot before
         for i in snapshots:
             tables = events[i]["block_tables"]
             changed = self.changed[i] = []
@@ -45,28 +51,47 @@ class BlockTables:
                     else:
                         self._count(old or (), -1)
                         self._count(table, 1)
-                if table:
-                    self.last_holding[rid] = i
+                    if old and not table:   # it held pages until the snapshot before
+                        self.last_holding[rid] = last
+                    limit = limits.get(rid)
+                    if limit is not None:
+                        over += (len(table) > limit) - (old is not None and len(old) > limit)
             if len(before) > len(tables) - new:   # some id the snapshot before showed is gone
                 for rid in before.keys() - tables.keys():
-                    self._count(before[rid], -1)
+                    gone = before[rid]
+                    self._count(gone, -1)
+                    if gone:
+                        self.last_holding[rid] = last
+                    limit = limits.get(rid)
+                    over -= limit is not None and len(gone) > limit
             self.census[i] = (self._total, self._total - self._repeats, self._outside)
-            before = tables
+            self.oversized[i] = over
+            before, last = tables, i
+        for rid, table in before.items():   # still held in the last snapshot
+            if table:
+                self.last_holding[rid] = last
 
     def _count(self, pages: Sequence[Any], step: int) -> None:
         """Add (``step`` 1) or remove (-1) one listing of each page."""
         listed, capacity = self._listed, self._capacity
-        for page in pages:
-            n = listed.get(page, 0)
-            if step > 0:
-                self._repeats += n > 0
+        repeats = outside = 0   # summed here, stored once: this runs for every page listed
+        if step > 0:
+            for page in pages:
+                n = listed.get(page, 0)
+                repeats += n > 0
                 listed[page] = n + 1
-            else:
-                self._repeats -= n > 1
+                if not 0 <= page < capacity:
+                    outside += 1
+        else:
+            for page in pages:
+                n = listed.get(page, 0)
+                repeats -= n > 1
                 if n > 1:
                     listed[page] = n - 1
                 else:
                     del listed[page]
-            if not 0 <= page < capacity:
-                self._outside += step
+                if not 0 <= page < capacity:
+                    outside -= 1
+        self._repeats += repeats
+        self._outside += outside
         self._total += step * len(pages)

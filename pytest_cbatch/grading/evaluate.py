@@ -19,7 +19,7 @@ beside results.json, for the instructor.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,7 @@ def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Pl
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
             _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config), withheld)
+        judge.forget()  # a report lives while its workload is judged, not for the rest of the part
     for case in plan.invalid:
         _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
     return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
@@ -289,7 +290,7 @@ def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = Fal
             tally.hidden_failed.append((case, result))
         return
     if blocked:
-        tally.blocked.append((case, result))
+        tally.blocked.append((case, replace(result, report=None)))
         return
     if result.status == "skip":
         if not withheld:
@@ -301,8 +302,8 @@ def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = Fal
             tally.hidden_failed.append((case, result))
         return
     tally.ran += 1
-    if result.status == "fail":
-        tally.failed.append((case, result))
+    if result.status == "fail":  # the report stays only where the failure will be explained (see _clause_test)
+        tally.failed.append((case, replace(result, report=None) if tally.failed else result))
 
 
 def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
@@ -387,6 +388,7 @@ def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str
     filename = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in f"{cid}-{case.label}.jsonl")
     if write:
         (out_dir / filename).write_text(trace_jsonl(trace), encoding="utf-8")
+    judge.forget()  # the runs of the shrinking above
     text = explain_failure(spec=spec, clause=cid, workload=case.label, violations=result.violations, trace=trace,
                            config=case.config, report=result.report, trace_path=filename, shrunk_from=original,
                            stack=result.stack, stopped=result.stopped)
@@ -448,7 +450,9 @@ def _lifecycle_picture(cid: str, message: str) -> str:
                              with_text=False)
 
 
-_RANK = {"skip": 0, "pass": 1, "fail": 2, "error": 3}
+# A clause several parts judge is as bad as its worst part: a part that ran but never reached it (an earlier
+# clause failed on every run) outranks a part where it passed, as a failed workload outranks a passed one.
+_RANK = {"pass": 0, "skip": 1, "fail": 2, "error": 3}
 _HOME_FILE = {"PagedKV": "scheduler_sim.py", "RecomputeRequest": "scheduler_faults.py",
               "TransferManager": "scheduler_faults.py"}
 
@@ -479,7 +483,7 @@ def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[s
 
     A sandboxed submission's child runs each search ahead (``sandbox.search``), streaming its requests
     and answers while the grader judges the same search; should the child's record ever differ, the
-    part is judged again with mirrored steps or one request at a time, and the notes say so.
+    part is judged again over the live channel, one request at a time, and the notes say so.
     """
     from hypothesis import HealthCheck
     from hypothesis import settings as Settings

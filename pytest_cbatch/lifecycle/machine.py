@@ -8,6 +8,14 @@ violation carries the script plus a last line that fails on the implementation.
 A clause listed in ``disabled`` (see ``verdicts``) does not fail: it halts the
 run, and the rest of that run is not judged.
 
+A clause is *judged* on a run when one of its checks ran to its end and held
+there: a judged call (``call``, ``must_raise``) answered as the clause
+requires, a read (``observe``) gave plain data (an object fetched to be used,
+such as a constructed pool, judges nothing by itself), the implementation's
+own ``check()`` returned, or a comparison (``expect``) held.  Each machine class collects the clauses judged on any of its runs in
+``held``; a clause none of whose checks a run reached (the run failed or
+halted on an earlier step) is not in it.
+
 Shrinking is where a failing part spends its time: Hypothesis tries thousands
 of candidate runs, and each one that does not fail used to run every step with
 every check.  A machine class therefore remembers the shortest failing script
@@ -167,6 +175,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     read_log: set[tuple[str, str]] | None = None  # when a set: every (clause, published name) a check reads
     shortest = Shortest()  # each class made by ``bind`` gets its own
     stops: list[BaseException] = []  # likewise: what ended its search early (``stop_if_timed_out``, a CallStopped)
+    held: set[str] = set()  # likewise: the clauses judged (a check ran to its end and held) on any run
 
     def __init__(self) -> None:
         super().__init__()
@@ -181,9 +190,9 @@ class LifecycleMachine(RuleBasedStateMachine):
     def before_step(self, name: str, kwargs: dict[str, Any]) -> None:
         """Called as a judged rule or invariant ``name`` starts, with its arguments (plain data); nothing here.
 
-        A machine whose implementation lives elsewhere overrides it to have
-        that step run there first (``sandbox.mirror``); the step's body, and so
-        every check, then runs here as usual.
+        A machine whose implementation lives elsewhere overrides it to match
+        the step with that implementation's own run of it (``sandbox.search``);
+        the step's body, and so every check, then runs here as usual.
         """
 
     # ------------------------------------------------------------- verdicts
@@ -196,6 +205,10 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.failed = True
         self.shortest.note(len(self.script))
         raise LifecycleViolation(clause, message, "\n".join([*self.script, *replay]))
+
+    def hold(self, clause: str) -> None:
+        """Note that a check of ``clause`` ran to its end and held on this run (see ``held``)."""
+        self.held.add(clause)
 
     def stop_if_timed_out(self, clause: str, code: str, exc: Exception) -> None:
         """End the search if ``exc`` says the call ``code`` did not return in time (``StoppedViolation``)."""
@@ -225,13 +238,21 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.fail(clause, f"{expr} raised {exception_text(exc)}", expr)
         return self.checked(clause, expr, value) if data else value
 
+    def self_check(self, expr: str, fn: Callable[[], Any]) -> None:
+        """Run one of the implementation's own ``check()`` methods: raising violates ``lifecycle.self_check``;
+        returning judges it (it is the whole check)."""
+        self.observe("lifecycle.self_check", expr, fn, data=False)
+        self.hold("lifecycle.self_check")
+
     def checked(self, clause: str, expr: str, value: Any) -> Any:
         """``value``, which ``expr`` gave, as plain data (``plain(..., lifecycle=True)``); else a violation of
         ``clause`` naming where it is not."""
         try:
-            return plain(value, lifecycle=True)
+            value = plain(value, lifecycle=True)
         except NotPlain as exc:
             self.fail(clause, f"{expr} gave {exc.problem}" + (f" at {exc.path}" if exc.path else ""), expr)
+        self.hold(clause)
+        return value
 
     def reading(self, clause: str, *names: str) -> None:
         """Log the published names a check of ``clause`` reads (see ``read_log``)."""
@@ -247,7 +268,10 @@ class LifecycleMachine(RuleBasedStateMachine):
             self.stop_if_timed_out(clause, code, exc)
             self.fail(clause, f"{code} raised {exception_text(exc)}{why and f' ({why})'}{_crash(exc)}", code)
         self.record(f"_ = {code}" if capture else code)
-        return self.checked(clause, code, result) if capture else result
+        if not capture:
+            self.hold(clause)
+            return result
+        return self.checked(clause, code, result)
 
     def must_raise(self, clause: str, code: str, fn: Callable[..., Any], *args: Any,
                    expected: tuple[type[BaseException], ...], returns: Any = (), why: str = "") -> Any:
@@ -257,6 +281,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             result = fn(*args)
         except expected as exc:
             self.record(f"with suppress({_exception_name(type(exc))}): {code}")
+            self.hold(clause)
             return exc
         except Exception as exc:
             self.stop_if_timed_out(clause, code, exc)
@@ -266,6 +291,7 @@ class LifecycleMachine(RuleBasedStateMachine):
                               f"{_crash(exc)}", code)
         if returns is ANY or any(result is value for value in returns):
             self.record(code)
+            self.hold(clause)
             return result
         allowed = _names(expected) + "".join(f" or return {value!r}" for value in returns)
         self.fail(clause, f"{code} returned {_shown(result)}; expected it to raise {allowed}{why and f' ({why})'}",
@@ -276,6 +302,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     def expect(self, ok: bool, clause: str, message: str, replay: str) -> None:
         if not ok:
             self.fail(clause, message, replay)
+        self.hold(clause)
 
     def expect_result(self, clause: str, code: str, got: Any, want: Any, why: str = "") -> None:
         """Judge the result of the last ``call(..., capture=True)``: ``got is want``."""
@@ -450,7 +477,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.check_views("the last step")
         for owner in self.readable():
             self.expect_rows("lifecycle.read_matches_history", owner, "the last step")
-        self.observe("lifecycle.self_check", "pool.check()", self.pool.check, data=False)
+        self.self_check("pool.check()", self.pool.check)
 
     # -------------------------------------------------------------- teardown
 
@@ -480,7 +507,7 @@ def bind(base: type[LifecycleMachine], part: str, impl: object,
     if unknown:
         raise ValueError(f"unknown lifecycle clauses {sorted(unknown)}")
     attrs = {"impl": impl, "part": part, "disabled": frozenset(disabled), "header": tuple(import_lines(impl)),
-             "shortest": Shortest(), "stops": [], "__doc__": base.__doc__, "__module__": base.__module__}
+             "shortest": Shortest(), "stops": [], "held": set(), "__doc__": base.__doc__, "__module__": base.__module__}
     return type(f"{part.capitalize()}Lifecycle", (base,), attrs)
 
 

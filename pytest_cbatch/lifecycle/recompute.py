@@ -205,7 +205,7 @@ class _RecomputeMachine(LifecycleMachine):
         self.expect_free(clause, code)
         self.expect_events(clause, model, code, kinds_only=True)
         # the invariant judges check() of live requests only; a cancelled one is a reachable state too
-        self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check, data=False)
+        self.self_check(f"{model.variable}.check()", self.handles[model.variable].check)
 
     def misuse(self, model: _Request, method: str) -> None:
         """A call the request's state does not allow: ValueError or False, and no change."""
@@ -314,7 +314,7 @@ class _RecomputeMachine(LifecycleMachine):
             if model.state == "active":
                 self.expect_rows("lifecycle.active_rows", model.owner, "the last step")
             self.expect_request(model, "the last step")
-            self.observe("lifecycle.self_check", f"{model.variable}.check()", self.handles[model.variable].check, data=False)
+            self.self_check(f"{model.variable}.check()", self.handles[model.variable].check)
 
     def cleanup(self) -> None:
         for model in self.requests:

@@ -309,7 +309,7 @@ class _TransferMachine(LifecycleMachine):
                 shown = field_expr(where, record, name)
                 self.expect(got == want, clause, f"{shown} == {got!r}, expected {want!r}",
                             f"assert {'tuple(' + shown + ')' if name == 'snapshot' else shown} == {want!r}, {shown}")
-        self.observe("lifecycle.self_check", "manager.check()", self.manager.check, data=False)
+        self.self_check("manager.check()", self.manager.check)
 
     def cleanup(self) -> None:
         for model in self.transfers:

@@ -45,8 +45,9 @@ MACHINES: dict[str, Callable[..., type[RuleBasedStateMachine]]] = {
 
 @dataclass(frozen=True)
 class Verdict:
-    """One clause's verdict: ``status`` is ``pass``, ``fail``, ``skip`` (not judged, ``message`` says why)
-    or ``error`` (the run broke down outside any clause, for example a non-deterministic implementation)."""
+    """One clause's verdict: ``status`` is ``pass`` (judged, and it held), ``fail``, ``skip`` (not judged,
+    ``message`` says why, naming the failing clause that kept it from being judged, if one did) or ``error``
+    (the run broke down outside any clause, for example a non-deterministic implementation)."""
 
     status: str
     message: str = ""
@@ -154,6 +155,14 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     does not cost every clause.  After ``max_failures`` failing clauses the
     rest are ``skip``; a part the namespace lacks is ``skip`` throughout; a run
     that breaks down outside any clause makes the clauses not yet judged ``error``.
+    A clause is ``pass`` only if it was judged (``machine``: a check of it ran
+    to its end and held) on at least one run of the part's searches and never
+    failed; when the searches end with no (further) failure, a clause no run
+    judged, because every run failed or halted on an earlier step (a constructor
+    that always raises, once its clause is disabled), is ``skip``, "not judged",
+    naming the failing clauses that stopped the runs first.  Before that, the
+    part gets one more search at full length with twice the examples (a rare
+    check of a correct part is then seldom left unreached).
     Each search runs the profile's examples twice: first with runs of
     SHORT_STEPS operations, then (if those find nothing) at full length, so a
     passing part keeps every long run and gains the short ones.  Each failing
@@ -162,7 +171,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     unshrunk, and ends the part: the clauses not yet judged are ``skip``.
     With ``bounds``, every example runs under them (``bounded.bounded_machine``): a stuck one
     raises ``bounded.CallStopped`` at once, without shrinking.  ``wrap``, when given, turns each
-    machine class bound to ``namespace`` into the one that runs (``sandbox.mirror.mirrored``), and
+    machine class bound to ``namespace`` into the one that runs (``sandbox.search.searched``), and
     ``search`` runs each search in place of ``search_here`` (``sandbox.search``).
     """
     if part not in PARTS:
@@ -172,11 +181,13 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
     if missing is not None:
         return {cid: Verdict("skip", f"lifecycle {part}: {missing}") for cid in clauses}
     verdicts: dict[str, Verdict] = {}
+    held: set[str] = set()
     config = lifecycle_settings(settings)
     stages = (Settings(config, stateful_step_count=SHORT_STEPS + 1), config)
+    extended = False
     while len(verdicts) < max_failures:
         try:
-            violation = _first_violation(part, namespace, frozenset(verdicts), stages, bounds, wrap, search)
+            violation = _first_violation(part, namespace, frozenset(verdicts), stages, held, bounds, wrap, search)
         except StoppedViolation as stop:
             clause = stop.violation.clause
             verdicts.setdefault(clause, Verdict("fail", str(stop.violation)))
@@ -186,17 +197,37 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
         except Exception as exc:  # Flaky, a health check, or the implementation broke the machine itself
             rest = Verdict("error", f"lifecycle {part} broke down outside any clause: {type(exc).__name__}: {exc}")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
+        if violation is None and not extended and any(cid not in verdicts and cid not in held for cid in clauses):
+            # Some clause no run reached: one more search with twice the examples (new draws, seeded or not)
+            # before calling it not judged, so a rare check of a correct part is seldom left unjudged.
+            extended, stages = True, (Settings(config, max_examples=2 * config.max_examples),)
+            continue
         if violation is None:
-            return {cid: verdicts.get(cid, Verdict("pass")) for cid in clauses}
+            return {cid: verdicts.get(cid) or (Verdict("pass") if cid in held else
+                                              _unjudged(part, verdicts, 4 * config.max_examples))
+                    for cid in clauses}
         verdicts[violation.clause] = Verdict("fail", str(violation))
     skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
     return {cid: verdicts.get(cid, skipped) for cid in clauses}
 
 
+def _unjudged(part: str, failed: dict[str, Verdict], examples: int) -> Verdict:
+    """The verdict of a clause that no run of ``part`` judged, though the searches ended: ``failed`` (the
+    clauses that failed, disabled in the later runs) stopped every run before a check of it, or, with none,
+    the ``examples`` runs of its searches were too few to reach it."""
+    if failed:
+        return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause: every run "
+                               f"stopped first at the failing clause {' or '.join(failed)} (fix that first)")
+    return Verdict("skip", f"not judged: no run of the {part} part reached a check of this clause in {examples} "
+                           f"examples; run more (the Hypothesis profile's max_examples, or "
+                           f"lifecycle_examples in a grading rubric)")
+
+
 def _first_violation(part: str, namespace: object, disabled: frozenset[str], stages: tuple[Settings, ...],
-                     bounds: Bounds | None = None, wrap: MachineWrap | None = None,
+                     held: set[str], bounds: Bounds | None = None, wrap: MachineWrap | None = None,
                      search: Search | None = None) -> LifecycleViolation | None:
-    """Run the part's machine under each of ``stages`` in turn; the first violation found, shrunk, or None."""
+    """Run the part's machine under each of ``stages`` in turn; the first violation found, shrunk, or None.
+    Adds to ``held`` the clauses judged on its runs (``LifecycleMachine.held``)."""
     for stage in stages:
         machine = MACHINES[part](namespace, disabled)
         if wrap is not None:
@@ -211,4 +242,6 @@ def _first_violation(part: str, namespace: object, disabled: frozenset[str], sta
             if machine.stops:  # Hypothesis reported its own error (a FlakyStrategyDefinition, when an earlier
                 raise machine.stops[0] from None  # example drew further) for the example the stop cut short
             raise
+        finally:
+            held |= machine.held
     return None

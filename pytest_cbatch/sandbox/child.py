@@ -1,10 +1,11 @@
-"""The sandbox child: loads one submission and serves JSON-lines RPC on two pipe fds.
+"""The sandbox child: loads one submission and answers the grader's requests on two pipe fds.
 
-Run as ``python -I child.py CONFIG_JSON`` by ``pytest_cbatch.sandbox.process``;
-standard library only: the kit is imported only for a mirrored lifecycle step
-(``mirror_child``), and whatever a submission patches, it patches in this
-process alone, since every verdict is computed in the parent.  The same
-module gives the parent the value codec.
+Run as ``python -I -m pytest_cbatch.sandbox.child CONFIG_JSON`` by
+``pytest_cbatch.sandbox.process``.  Before the submission it imports only the
+standard library and ``protocol``; the kit's lifecycle machines come in only
+for a search (``child_search``, through ``_kit_module``).  Whatever a
+submission patches, it patches in this process alone, since every verdict is
+computed in the grader.
 
 CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
 (``resource`` names to ``[soft, hard]``), ``home`` (made if missing),
@@ -12,33 +13,27 @@ CONFIG_JSON holds ``rpc_in``/``rpc_out`` (fd numbers), ``limits``
 load folder, which becomes the working directory) and ``load``: ``folder`` (put first
 on sys.path), ``files`` (module files to import, in priority order),
 ``modules`` (importable names), ``attr`` (an attribute path on the first
-module, or null); ``guard`` (optional): the kit guard's settings (see
-``guard``), whose reports are lines ``{"kit": {...}}`` written as they happen;
-``stack_after`` (optional): seconds after which a request still running sends
-the submission's stack as a line ``{"stack": text}`` (see ``StopWatch``).
-The first reply describes what was found.
+module, or null), or ``command`` (a program's argv: see ``program``);
+``guard`` (optional): the kit guard's settings (see ``guard``), whose reports
+are lines ``{"kit": {...}}`` written as they happen; ``stack_after``
+(optional): seconds after which a request still running sends the
+submission's stack as a line ``{"stack": text}`` (see ``StopWatch``).  The
+first reply describes what was found.
 
-Each request is one JSON line ``{"op": ..., "drop": [handles], ...}`` and gets
-one reply line (a ``mirror`` request first writes a line per step it starts,
-``{"seg": [name, kwargs]}``, and per request its machine makes,
-``{"rec": [request, reply]}``): ``{"ok": value}`` (a ``getattr`` reply may add ``"snap"``: see
-``Server.snapshot``), ``{"raised": {type, builtin, message}}``,
-``{"unsupported": message}`` (simulate raised NotImplementedError),
-``{"exited": code}`` (SystemExit) or ``{"memory": message}`` (MemoryError out
-of simulate).  Values are JSON with tags: ``{"$tuple": [...]}``,
-``{"$set": [...]}``, ``{"$dict": [[key, value], ...]}``, and ``{"$handle": n,
-"$type": name}`` for any other object, which stays in the child.
+Requests (see ``protocol`` for the replies and values): ``simulate``
+(``trace``, ``config``), ``new`` (``name``: a lifecycle class), ``call``
+(``target``, ``method`` or null), ``getattr`` (``target``, ``name``),
+``dunder`` (``target``, ``name``: ``__len__``, ``__iter__``, ...), and
+``search`` (``spec``: a lifecycle search the child runs ahead, writing its
+lines as it goes; see ``child_search``).
 """
 
 from __future__ import annotations
 
-import builtins
-import collections.abc
 import functools
 import importlib.util
 import inspect
 import json
-import numbers
 import os
 import resource
 import shlex
@@ -48,113 +43,23 @@ import traceback
 import types
 from typing import Any, Callable
 
+from .protocol import decode, encode, encode_line, exited, json_default, native_copy, raised
+
 PARTS = ("PagedKV", "RecomputeRequest", "TransferManager")
 SNAPSHOT_OBJECTS = 512  # objects whose attributes one getattr reply may carry
-MIRROR_PRELOAD = 64  # objects whose attributes one reply of a mirrored step may carry
 
-
-_PLAIN = (type(None), bool, int, float, str)
-
-
-def encode(value: Any, handle: Callable[[Any], dict[str, Any]]) -> Any:
-    """Tagged JSON for ``value``; ``handle(obj)`` encodes an object that is not plain data."""
-    kind = type(value)
-    if kind in _PLAIN:  # the common cases first: the ABC checks below are slow
-        return value
-    if kind is list:
-        return [encode(v, handle) for v in value]
-    if kind is dict:
-        return {"$dict": [[encode(k, handle), encode(v, handle)] for k, v in value.items()]}
-    if kind is tuple:
-        return {"$tuple": [encode(v, handle) for v in value]}
-    if kind is set or kind is frozenset:
-        return {"$set": [encode(v, handle) for v in value]}
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, numbers.Integral):
-        return int(value)
-    if isinstance(value, numbers.Real):
-        return float(value)
-    if isinstance(value, tuple):
-        return {"$tuple": [encode(v, handle) for v in value]}
-    if isinstance(value, (list, collections.deque, range)):
-        return [encode(v, handle) for v in value]
-    if isinstance(value, collections.abc.Set):
-        return {"$set": [encode(v, handle) for v in value]}
-    if isinstance(value, collections.abc.Mapping):
-        return {"$dict": [[encode(k, handle), encode(v, handle)] for k, v in value.items()]}
-    return handle(value)
-
-
-class _NotNative(Exception):
-    pass
-
-
-def native_copy(value: Any) -> tuple[bool, Any]:
-    """``(True, a copy of value)`` when ``value`` is JSON as it stands and comes back from it unchanged:
-    None, bools, ints, floats, strings, and lists and string-keyed dicts of them; else ``(False, None)``."""
-    try:
-        return True, _copy(value)
-    except _NotNative:
-        return False, None
-
-
-def _copy(value: Any) -> Any:
-    kind = type(value)
-    if kind in _PLAIN:
-        return value
-    if kind is list:
-        return [item if type(item) in _PLAIN else _copy(item) for item in value]
-    if kind is dict:
-        out = {}
-        for key, item in value.items():
-            if type(key) is not str:
-                raise _NotNative
-            out[key] = item if type(item) in _PLAIN else _copy(item)
-        return out
-    raise _NotNative
-
-
-def decode(value: Any, handle: Callable[[dict[str, Any]], Any]) -> Any:
-    """The inverse of ``encode``; ``handle(tag)`` turns a ``$handle`` tag into an object."""
-    kind = type(value)
-    if kind is list:
-        return [v if type(v) in _PLAIN else decode(v, handle) for v in value]
-    if kind is not dict:
-        return value
-    if "$tuple" in value:
-        return tuple(decode(v, handle) for v in value["$tuple"])
-    if "$set" in value:
-        return {decode(v, handle) for v in value["$set"]}
-    if "$dict" in value:
-        return {decode(k, handle): decode(v, handle) for k, v in value["$dict"]}
-    if "$handle" in value:
-        return handle(value)
-    raise ValueError(f"untagged object in RPC value: {sorted(value)[:5]}")
-
-
-def _json_default(obj: Any) -> Any:
-    """json.dumps fallback for a report: numbers as numbers, anything else as a visible marker."""
-    if isinstance(obj, numbers.Integral):
-        return int(obj)
-    if isinstance(obj, numbers.Real):
-        return float(obj)
-    if isinstance(obj, (tuple, set, frozenset)):
-        return list(obj)
-    return f"<not JSON: {type(obj).__name__}>"
+SendAll = Callable[[list[dict[str, Any]]], None]
 
 
 class Server:
     """Holds the submission's namespace and the objects handed out by handle."""
 
-    def __init__(self, names: dict[str, Any], send: Callable[[list[dict[str, Any]]], None] | None = None,
-                 folder: str | None = None) -> None:
+    def __init__(self, names: dict[str, Any], send: SendAll | None = None, folder: str | None = None) -> None:
         self.names = names
         self.objects: dict[int, Any] = {}
         self.by_id: dict[int, int] = {}
         self.next_handle = 1
         self.send, self.folder = send, folder
-        self.session: Any = None  # the mirror session, made on the first ``mirror`` request
 
     def handle(self, obj: Any) -> dict[str, Any]:
         number = self.by_id.get(id(obj))
@@ -184,77 +89,62 @@ class Server:
     def into(self, value: Any) -> Any:
         return decode(value, self.obj)
 
-    def dispatch(self, request: dict[str, Any], preload: int | None = None) -> dict[str, Any]:
-        """The reply to one request.  ``preload``: None for a live request (a ``getattr`` may bring a
-        snapshot), else a mirrored one, whose reply carries the plain attributes of up to that many objects
-        (``preloaded``) and says whether a read runs no code."""
+    def dispatch(self, request: dict[str, Any], recorded: bool = False) -> dict[str, Any]:
+        """The reply to one request.  ``recorded``: the request is one of a search run here (``child_search``):
+        a read's reply says whether reading it again runs no code (``plain``), and no reply brings a
+        snapshot; else a ``getattr`` reply may bring one (``snapshot``)."""
         self.drop(request.get("drop", []))
         op = request["op"]
         if op == "simulate":
             return self.simulate(request["trace"], request["config"])
-        if op == "mirror":
-            return self.mirror(request)
+        if op == "search":
+            return self.search(request["spec"])
         if op == "new":
             target = self.names[request["name"]]
         else:
             target = self.obj(request["target"])
         if op == "getattr":  # the most requests by far: no arguments to decode
-            return self.read(target, request["name"], request["target"]["$handle"], preload)
+            return self.read(target, request["name"], request["target"]["$handle"], recorded)
         args = self.into(request.get("args", []))
         kwargs = self.into({"$dict": request.get("kwargs", [])})
         if op in ("new", "call"):
             fn = target if op == "new" or request.get("method") is None else getattr(target, request["method"])
-            if preload is not None:
-                return self.preloaded({"ok": fn(*args, **kwargs)}, [] if op == "new" else [target], preload)
-            return {"ok": self.out(fn(*args, **kwargs))}
-        if op == "dunder":
+            value = fn(*args, **kwargs)
+        elif op == "dunder":
             name = request["name"]
             value = list(target) if name == "__iter__" else getattr(target, name)(*args)
-            return {"ok": self.out(value)} if preload is None else self.preloaded({"ok": value}, [target], preload)
-        raise ValueError(f"unknown op {op!r}")
+        else:
+            raise ValueError(f"unknown op {op!r}")
+        return self.value_reply({}, value) if recorded else {"ok": self.out(value)}
 
-    def read(self, target: Any, name: str, handle: int, preload: int | None) -> dict[str, Any]:
+    def read(self, target: Any, name: str, handle: int, recorded: bool) -> dict[str, Any]:
         """The reply to a ``getattr`` of ``name`` on ``target`` (object ``handle``; see ``dispatch``)."""
         if _is_method(type(target), name) and name not in getattr(target, "__dict__", {}):
             return {"ok": None, "method": True}
-        if preload is not None:  # a mirrored step: say whether reading it again runs no code
-            return self.preloaded({"ok": getattr(target, name), "plain": _plain_read(target, name)}, [], preload)
+        if recorded:
+            return self.value_reply({"plain": _plain_read(target, name)}, getattr(target, name))
         snap = self.snapshot(target)
         if snap is not None and name in snap[handle]:
             return {"ok": snap[handle][name], "snap": snap}
         return {"ok": self.out(getattr(target, name))}
 
-    def preloaded(self, reply: dict[str, Any], roots: list[Any], limit: int) -> dict[str, Any]:
-        """``reply`` with its value encoded and, under ``attrs``, the plain attributes of ``roots`` (a
-        call's target) and of the objects the value names, up to ``limit`` objects (a mirrored step's
-        reply: see ``mirror``).  A value that is JSON as it stands goes as a copy (``native_copy``),
-        marked ``raw``: it needs no decoding, and names no objects."""
-        named: list[Any] = []
-        plain, copy = native_copy(reply["ok"])
+    def value_reply(self, reply: dict[str, Any], value: Any) -> dict[str, Any]:
+        """``reply`` with ``value`` under ``ok``: a copy marked ``raw`` when it is JSON as it stands
+        (``native_copy``: it needs no decoding, and names no objects), else encoded."""
+        plain, copy = native_copy(value)
         if plain:
             reply["ok"], reply["raw"] = copy, True
-        elif not limit:
-            reply["ok"] = self.out(reply["ok"])
         else:
-            def handle(obj: Any) -> dict[str, Any]:
-                named.append(obj)
-                return self.handle(obj)
-
-            reply["ok"] = encode(reply["ok"], handle)
-        attrs = self.attributes([*roots, *named], limit, depth=0) if limit and (roots or named) else {}
-        if attrs:
-            reply["attrs"] = attrs
+            reply["ok"] = self.out(value)
         return reply
 
-    def mirror(self, request: dict[str, Any]) -> dict[str, Any]:
-        """Run a lifecycle step as the parent will (``mirror_child``), writing its requests as it goes.
+    def search(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Run a lifecycle search as the grader will (``child_search``), writing its lines as it goes.
 
-        The kit and Hypothesis come from ``_mirror_module``, on the first such request.
+        The kit and Hypothesis come from ``_kit_module``, on the first such request.
         """
-        if self.session is None:
-            assert self.send is not None
-            self.session = _mirror_module(self.folder).MirrorSession(self, self.send)
-        return self.session.run(request)
+        assert self.send is not None
+        return _kit_module(self.folder).SearchSession(self, self.send).search(spec)
 
     def snapshot(self, root: Any) -> dict[int, dict[str, Any]] | None:
         """The plain instance attributes of ``root``, of every object the parent holds, and of the objects
@@ -269,22 +159,21 @@ class Server:
         """
         return self.attributes([root, *self.objects.values()], SNAPSHOT_OBJECTS) or None
 
-    def attributes(self, roots: list[Any], limit: int, depth: int | None = None) -> dict[int, dict[str, Any]]:
+    def attributes(self, roots: list[Any], limit: int) -> dict[int, dict[str, Any]]:
         """``{handle: {name: encoded value}}`` of the plain attributes of ``roots`` and of the objects they
-        reach (breadth first, at most ``limit`` objects, at most ``depth`` levels below the roots)."""
-        found: list[tuple[Any, int]] = []
-        level = 0
+        reach (breadth first, at most ``limit`` objects)."""
+        found: list[Any] = []
 
         def handle(obj: Any) -> dict[str, Any]:
-            found.append((obj, level + 1))
+            found.append(obj)
             return self.handle(obj)
 
         out: dict[int, dict[str, Any]] = {}
-        queue = [(obj, 0) for obj in roots]
+        queue = list(roots)
         while queue and len(out) < limit:
-            obj, level = queue.pop(0)
+            obj = queue.pop(0)
             number = self.handle(obj)["$handle"]
-            if number in out or (depth is not None and level > depth):
+            if number in out:
                 continue
             attrs = _plain_attributes(obj)
             if attrs is None:
@@ -306,10 +195,10 @@ class Server:
             if getattr(exc, "cbatch_broken", False):   # a program's output that is no report (sandbox.program)
                 return {"broken": str(exc)[:2000]}
             raise
-        reply: dict[str, Any] = {"ok": json.loads(json.dumps(report, default=_json_default))}
-        if json.dumps([trace, config], sort_keys=True, default=_json_default) != before:
-            reply["trace"] = json.loads(json.dumps(trace, default=_json_default))
-            reply["config"] = json.loads(json.dumps(config, default=_json_default))
+        reply: dict[str, Any] = {"ok": json.loads(json.dumps(report, default=json_default))}
+        if json.dumps([trace, config], sort_keys=True, default=json_default) != before:
+            reply["trace"] = json.loads(json.dumps(trace, default=json_default))
+            reply["config"] = json.loads(json.dumps(config, default=json_default))
         return reply
 
 
@@ -364,19 +253,6 @@ def _shadowed(cls: type, name: str) -> bool:
     """Whether a data descriptor of ``cls`` (a property, say) wins over an instance attribute ``name``."""
     on_class = inspect.getattr_static(cls, name, None)
     return hasattr(type(on_class), "__set__") or hasattr(type(on_class), "__delete__")
-
-
-def exited(exc: SystemExit) -> dict[str, Any]:
-    """The reply that says the submission raised SystemExit."""
-    return {"exited": exc.code if isinstance(exc.code, int) or exc.code is None else str(exc.code)}
-
-
-def raised(exc: BaseException, stack: str = "") -> dict[str, Any]:
-    """The reply that says the submission raised ``exc``; ``stack``: its traceback (``own_stack``), if any."""
-    base = next((c for c in type(exc).__mro__ if getattr(builtins, c.__name__, None) is c), Exception)
-    message = str(exc)
-    out = {"type": type(exc).__name__, "builtin": base.__name__, "message": message[:2000]}
-    return {"raised": {**out, "stack": stack} if stack else out}
 
 
 def own_stack(exc: BaseException, folder: str | None) -> str:
@@ -498,17 +374,17 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     return names, described
 
 
-def _mirror_module(folder: str | None) -> Any:
-    """The kit's ``mirror_child`` (and its lifecycle machines), imported from the environment only: the
+def _kit_module(folder: str | None) -> Any:
+    """The kit's ``child_search`` (and its lifecycle machines), imported from the environment only: the
     submission's folder is off ``sys.path`` meanwhile, so none of its files can stand in for them."""
     saved = list(sys.path)
     sys.path[:] = [p for p in sys.path if p not in (folder, "", ".")]
     try:
-        from pytest_cbatch.sandbox import mirror_child
+        from pytest_cbatch.sandbox import child_search
         import pytest_cbatch.lifecycle  # noqa: F401
     finally:
         sys.path[:] = saved
-    return mirror_child
+    return child_search
 
 
 def _program_module() -> Any:
@@ -557,7 +433,7 @@ def main(argv: list[str]) -> int:
     writer = os.fdopen(config["rpc_out"], "wb")
 
     def send_all(replies: list[dict[str, Any]]) -> None:
-        writer.write(b"".join(json.dumps(reply, default=_json_default).encode() + b"\n" for reply in replies))
+        writer.write(b"".join(encode_line(reply, json_default) for reply in replies))
         writer.flush()
 
     def send(reply: dict[str, Any]) -> None:
@@ -579,7 +455,7 @@ def main(argv: list[str]) -> int:
     for line in reader:
         try:
             request = json.loads(line)
-            if watch is not None and request.get("op") != "mirror":  # a search's lines say where it is
+            if watch is not None and request.get("op") != "search":  # a search's lines say where it is
                 watch.arm()
             reply = server.dispatch(request)
         except SystemExit as exc:

@@ -4,7 +4,8 @@
 child's reply, or raises ``SandboxFailure`` saying what went wrong: a call
 past its wall-clock limit, a child that died (its signal or exit status), a
 flood of output, a reply that is not one JSON line, or a submission whose
-previous calls of that family all failed (the breaker).  The child runs in a
+previous calls of that family all failed (the breaker); every byte of a
+reply passes ``protocol.ReplyReader`` first.  The child runs in a
 fresh temporary working directory holding a copy of the submission, with a
 scrubbed environment, its own session (killed as a whole), and rlimits it
 applies to itself before importing anything of the submission; in ``bwrap``
@@ -14,7 +15,6 @@ the one place the child's command line is built.
 
 from __future__ import annotations
 
-import collections
 import fcntl
 import json
 import os
@@ -27,7 +27,6 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from ..bounded import CallTimedOut
@@ -35,10 +34,11 @@ from .bwrap import Confinement, confine, kit_folders, resolve_mode
 from .files import SubmissionRefused, copy_submission
 from .guard import KitGuard
 from .limits import Limits, child_environment
+from .protocol import ReplyReader, SandboxFailure, encode_line
 
-__all__ = ["LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "CHILD_SCRIPT"]
+__all__ = ["CHILD_MODULE", "LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "SandboxTimeout"]
 
-CHILD_SCRIPT = str(Path(__file__).with_name("child.py"))
+CHILD_MODULE = "pytest_cbatch.sandbox.child"
 _PIPE_BYTES = 1 << 20  # the child's reply pipe (Linux allows this much by default)
 _OUTPUT_KEPT = 4096  # bytes of the child's output kept for messages
 _SIGNALS = {
@@ -61,15 +61,6 @@ def _announce(notice: str) -> None:
     if not _warned:
         _warned.append(notice)
         warnings.warn(notice, NotContained, stacklevel=3)
-
-
-class SandboxFailure(Exception):
-    """A call did not produce a reply; ``kind`` is one of timeout, died, flood, garbage, breaker, load."""
-
-    def __init__(self, kind: str, message: str, stack: str = "") -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.stack = stack  # a timeout's: the submission's stack shortly before its limit (``child.StopWatch``)
 
 
 class SandboxTimeout(SandboxFailure, CallTimedOut):
@@ -136,8 +127,7 @@ class Sandbox:
         self._dir: str | None = None
         self._rpc_out = self._rpc_in = -1
         self._output = _Output()
-        self._buffer = bytearray()
-        self._ready: collections.deque[dict[str, Any]] = collections.deque()  # replies read, not yet returned
+        self._replies = self._reader()  # replies read, not yet returned
         self._selector: selectors.BaseSelector | None = None
 
     # ----------------------------------------------------------- lifecycle
@@ -182,8 +172,7 @@ class Sandbox:
         self._rpc_out, self._rpc_in = p2c_w, c2p_r
         os.set_blocking(self._rpc_out, False)
         self._output = _Output()
-        self._buffer = bytearray()
-        self._ready.clear()
+        self._replies = self._reader()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._rpc_in, selectors.EVENT_READ, "rpc")
         self._selector.register(self._proc.stdout, selectors.EVENT_READ, "output")
@@ -204,7 +193,8 @@ class Sandbox:
 
     def _command(self, work: str, home: str, fds: dict[str, int]
                  ) -> tuple[list[str], Any, str, dict[str, str]]:
-        """``(argv, preexec_fn, cwd, env)`` of the child: ``python -I child.py CONFIG``, in bubblewrap or not."""
+        """``(argv, preexec_fn, cwd, env)`` of the child: ``python -I -m CHILD_MODULE CONFIG``, in bubblewrap
+        or not."""
         confinement: Confinement | None = None
         if self.mode == "bwrap":
             assert self._dir is not None
@@ -225,7 +215,7 @@ class Sandbox:
             "guard": self.guard.config(kit_folders()) if self.guard is not None else None,
             "stack_after": _stack_after(self.limits.call_seconds),
         }
-        argv = [sys.executable, "-I", CHILD_SCRIPT, json.dumps(config)]
+        argv = [sys.executable, "-I", "-m", CHILD_MODULE, json.dumps(config)]
         env = child_environment(home, self.runtimes)
         if confinement is None:
             return argv, None, work, env
@@ -267,7 +257,7 @@ class Sandbox:
 
     def rewind(self, tally: tuple[float, dict[str, list[str]]]) -> None:
         """Forget what the limits counted since ``tally``: the calls since then were a try of the kit's
-        that it makes again another way (see ``mirror.lifecycle_verdicts_of``)."""
+        that it makes again another way (see ``search.lifecycle_verdicts_of``)."""
         self.seconds_used = tally[0]
         self._failures = {family: list(failed) for family, failed in tally[1].items()}
 
@@ -282,12 +272,12 @@ class Sandbox:
         the submission's, comes before it).
         """
         self._admit(family, generation)
-        return self._reply(family, json.dumps(message).encode() + b"\n", extra_seconds)
+        return self._reply(family, encode_line(message), extra_seconds)
 
     def receive(self, family: str, generation: int) -> dict[str, Any]:
-        """The next line of a reply that spans several (a mirrored lifecycle step), like ``request``."""
-        if self._ready and self._proc is not None and generation == self.generation:
-            return self._ready.popleft()  # already read: nothing to wait for or account
+        """The next line of a reply that spans several (a searched lifecycle part), like ``request``."""
+        if self._replies and self._proc is not None and generation == self.generation:
+            return self._replies.pop()  # already read: nothing to wait for or account
         self._admit(family, generation)
         return self._reply(family, None)
 
@@ -324,7 +314,6 @@ class Sandbox:
         start = time.monotonic()
         deadline = start + self.limits.call_seconds + extra_seconds
         output_limit = self.limits.output_kb * 1024
-        reply_limit = self.limits.reply_mb << 20
         pending = memoryview(payload or b"")
         if payload is not None:
             self._stack = ""
@@ -341,8 +330,8 @@ class Sandbox:
             sel.register(self._rpc_out, selectors.EVENT_WRITE, "write")
         try:
             while True:
-                if self._ready:
-                    return self._ready.popleft()
+                if self._replies:
+                    return self._replies.pop()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SandboxTimeout("timeout", f"the {self.label} did not answer within "
@@ -371,56 +360,28 @@ class Sandbox:
                         data = os.read(self._rpc_in, 1 << 20)
                         if not data:
                             raise self._died()
-                        self._buffer += data
-                        if len(self._buffer) > reply_limit:
-                            raise SandboxFailure("garbage", f"the {self.label}'s reply exceeds "
-                                                            f"{self.limits.reply_mb} MiB (limit reply_mb)")
-                        self._split()
+                        self._replies.feed(data)
         finally:
             if pending and self._rpc_out in sel.get_map():
                 sel.unregister(self._rpc_out)
             self.seconds_used += time.monotonic() - start
 
-    def _split(self) -> None:
-        """Move the complete lines of the buffer to ``_ready``, parsed (all at once when they are all JSON);
-        a ``{"batch": [...]}`` line stands for the replies it lists."""
-        end = self._buffer.rfind(b"\n")
-        if end < 0:
-            return
-        lines = bytes(self._buffer[:end]).split(b"\n")
-        del self._buffer[: end + 1]
-        try:
-            replies = json.loads(b"[" + b",".join(lines) + b"]")
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            replies = None
-        if replies is None or len(replies) != len(lines) or not all(isinstance(r, dict) for r in replies):
-            replies = [self._parse(line) for line in lines]  # names the first bad line
-        for reply in replies:
-            if "kit" in reply and len(reply) == 1:  # the guard's report of a use of the kit, not a reply
-                if self.guard is not None:
-                    self.guard.take(reply["kit"])
-                continue
-            if "stack" in reply and len(reply) == 1:  # where the call is, should it reach its limit
-                self._stack = reply["stack"][-4000:] if isinstance(reply["stack"], str) else ""
-                continue
-            batch = reply.get("batch")
-            if batch is None:
-                self._ready.append(reply)
-            elif isinstance(batch, list) and all(isinstance(r, dict) for r in batch):
-                self._ready.extend(batch)
-            else:
-                raise SandboxFailure("garbage", f"the {self.label} sent a batch that is not a list of replies: "
-                                                f"{batch!r:.120}")
+    def _reader(self) -> ReplyReader:
+        return ReplyReader(self.label, self.limits.reply_mb << 20, self.limits.term("reply_mb"), self._aside)
 
-    def _parse(self, line: bytes) -> dict[str, Any]:
-        try:
-            reply = json.loads(line)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SandboxFailure("garbage", f"the {self.label} wrote garbage on the RPC channel ({exc}): "
-                                            f"{line[:120]!r}") from None
-        if not isinstance(reply, dict):
-            raise SandboxFailure("garbage", f"the {self.label}'s RPC reply is not an object: {line[:120]!r}")
-        return reply
+    def _aside(self, line: dict[str, Any]) -> bool:
+        """Take a line of the child's that is no reply: the guard's report of a use of the kit, or where the
+        call is (should it reach its limit).  Whether ``line`` was one."""
+        if len(line) != 1:
+            return False
+        if "kit" in line:
+            if self.guard is not None:
+                self.guard.take(line["kit"])
+            return True
+        if "stack" in line:
+            self._stack = line["stack"][-4000:] if isinstance(line["stack"], str) else ""
+            return True
+        return False
 
     def _died(self) -> SandboxFailure:
         assert self._proc is not None

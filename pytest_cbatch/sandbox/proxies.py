@@ -18,10 +18,10 @@ import weakref
 from typing import Any, TypeVar
 
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
-from .child import decode
 from .limits import Limits
 from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
+from .protocol import decode
 from .remote import Channel, RemoteNamespace, RemoteObject
 
 __all__ = ["IsolatedImplementation", "LiveChannel", "RemoteObject", "SandboxFailure", "load_spec_for"]
@@ -154,9 +154,9 @@ class IsolatedImplementation(Implementation):
                                       f"PagedKV, RecomputeRequest, TransferManager")
 
     def lifecycle_channel(self, kind: type[_C]) -> _C:
-        """A fresh channel of ``kind`` (``mirror.ReplayChannel`` or ``search.SearchChannel``) that judges
-        lifecycle runs the child makes first; its ``namespace`` stands for the submission's lifecycle
-        classes, as ``self.namespace`` does."""
+        """A fresh channel of ``kind`` (``search.SearchChannel``) that judges lifecycle searches the child
+        runs first; its ``namespace`` stands for the submission's lifecycle classes, as ``self.namespace``
+        does."""
         return kind(self.sandbox, list(self.parts))
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:

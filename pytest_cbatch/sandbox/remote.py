@@ -6,12 +6,12 @@ request on its ``Channel``.  Plain data comes back as copies, other objects as
 further ``RemoteObject`` handles, and an exception raised by the submission is
 re-raised as a subclass of the nearest built-in exception with the same name
 (so ``except ValueError`` works).  The channel decides how a request is
-answered: ``proxies.LiveChannel`` sends it to the sandbox child and waits,
-``mirror.ReplayChannel`` and ``search.SearchChannel`` take the answer from
-the child's record of a step or of a search, and the child's
-``mirror_child.RecordingChannel`` answers it in process and records it.
-Because they all share this class, code driven through any of them makes the
-same requests in the same order.
+answered: on the grader's side ``proxies.LiveChannel`` sends it to the
+sandbox child and waits, and ``search.SearchChannel`` takes the answer from
+the child's record of a search; in the child, ``child_search.RecordingChannel``
+answers it in process and records it.  Because they all share this class,
+code driven through any of them makes the same requests in the same order.
+Both sides import this module; it imports only ``protocol``.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import builtins
 import weakref
 from typing import Any, Mapping
 
-from .child import decode, encode
-from .process import SandboxFailure
+from .protocol import SandboxFailure, decode, encode
 
 __all__ = ["Channel", "RecordChannel", "RemoteClass", "RemoteNamespace", "RemoteObject", "remote_error"]
 
@@ -99,7 +98,8 @@ class Channel:
         raise SandboxFailure("garbage", f"unexpected reply from the {self.label}: {reply!r:.200}")
 
     def value(self, reply: dict[str, Any]) -> Any:
-        """The reply's value: as it came when marked ``raw`` (plain JSON, see ``child.native``), else decoded."""
+        """The reply's value: as it came when marked ``raw`` (plain JSON, see ``protocol.native_copy``), else
+        decoded."""
         return reply["ok"] if reply.get("raw") else decode(reply["ok"], self.proxy)
 
     def proxy(self, tag: dict[str, Any]) -> RemoteObject:
@@ -116,14 +116,13 @@ class Channel:
 
 
 class RecordChannel(Channel):
-    """A channel of mirrored steps (either side): plain attribute reads are answered from memory.
+    """A channel of a searched part (either side): plain attribute reads are answered from memory.
 
     A ``getattr`` reply marked ``plain`` read an instance attribute, which no
-    code of the submission's runs to read again, and a reply brings along the
-    plain attributes of the objects it names and of a call's target; until the
-    next request of another kind, reading them needs no request on either
-    side.  The parent's and the child's channels keep the same memory, so they
-    still make the same requests.
+    code of the submission's runs to read again; until the next request of
+    another kind, reading it again needs no request on either side.  The
+    grader's and the child's channels keep the same memory, so they still make
+    the same requests.
     """
 
     def __init__(self) -> None:
@@ -137,20 +136,18 @@ class RecordChannel(Channel):
         return True, found[1] if found[0] else decode(found[1], self.proxy)
 
     def remember(self, message: dict[str, Any], reply: dict[str, Any]) -> None:
-        """Forget every answer once a request of another kind than a plain read is made; then keep a plain
-        read's answer and the plain attributes the reply brought along (``child.Server.preloaded``)."""
+        """Forget every answer once a request of another kind than a plain read is made; keep a plain read's
+        answer."""
         if message["op"] == "getattr":
             self._remember_read(message["target"]["$handle"], message["name"], reply)
         else:
             self.reads.clear()
-            self._remember_attrs(reply)
 
     def _remember_read(self, handle: int, name: str, reply: dict[str, Any]) -> None:
         if reply.get("plain") and "ok" in reply:
             self.reads[(handle, name)] = (bool(reply.get("raw")), reply["ok"])
         elif not reply.get("method"):
             self.reads.clear()
-        self._remember_attrs(reply)
 
     def read_answer(self, obj: RemoteObject, name: str, reply: dict[str, Any]) -> Any:
         """What ``read`` makes of the reply to ``obj``'s ``getattr`` of ``name``, remembered as ``remember``
@@ -162,11 +159,6 @@ class RecordChannel(Channel):
             self.methods.add((obj._type, name))
             return _RemoteMethod(obj, name)
         return reply["ok"] if reply.get("raw") else decode(reply["ok"], self.proxy)
-
-    def _remember_attrs(self, reply: dict[str, Any]) -> None:
-        for handle, attrs in reply.get("attrs", {}).items():
-            for name, value in attrs.items():
-                self.reads[(int(handle), name)] = (False, value)
 
 
 def _handle_of(obj: Any) -> dict[str, Any]:

@@ -1,15 +1,16 @@
-"""Searched lifecycle parts: the sandbox child runs a whole search ahead, the grader judges it as it comes.
+"""Searched lifecycle parts, the grader's side: the sandbox child runs a whole search ahead, the grader
+judges it as it comes (the child's side is ``child_search``).
 
-Mirrored steps (``mirror``) cost one exchange per step, and the two
-processes take turns: the child cannot run a step before the grader's
-Hypothesis has drawn it.  Here the child draws them itself.  For each search
-``lifecycle_verdicts`` makes, the grader sends the part, the disabled clauses
-and the settings (with a seed, unless they are derandomized); the child runs
-the same search on the submission (``mirror_child.MirrorSession.search``),
-writing ``{"ex": n}`` as each example starts and then every step and request
-with the submission's answer, as a mirrored step does.  The grader runs the
-same search meanwhile, over this channel: each example, step and request of
-its own run is checked against the next line and answered from it.  So both
+Judging a part over remote objects one request at a time (the live channel,
+``proxies.LiveChannel``) costs a round trip per request the machine makes:
+tens per step, thousands per example.  Here the child runs the search
+itself.  For each search ``lifecycle_verdicts`` makes, the grader sends the
+part, the disabled clauses and the settings (with a seed, unless they are
+derandomized); the child runs the same search on the submission, writing
+``{"ex": n}`` as each example starts and then every step and request with the
+submission's answer (``protocol``'s search lines).  The grader runs the same
+search meanwhile, over this channel: each example, step and request of its
+own run is checked against the next line and answered from it.  So both
 processes work at once, and every verdict is still computed here.
 
 Both searches are the same code, seed and settings seeing the same answers,
@@ -24,60 +25,52 @@ example (the shrunk one Hypothesis ran again) from its lines.  The violation
 found there is the verdict, with its replay; should that example not fail
 here, the grader's own first violation is.
 
-When the lines differ from the grader's run (``mirror.MirrorDiverged``), or
-the child dies, times out or exits during a search (``SearchStopped``: the
-live channel restarts the child where the child's search could not), the
-part is judged again with mirrored steps, which handle each of those as the
-live channel does.
+When the lines differ from the grader's run (``SearchDiverged``: a
+submission that patches the child's copy of the kit, say), or the child
+dies, times out or exits during a search (``SearchStopped``), the part is
+judged again over the live channel, which restarts the child after each
+failure and goes on (``lifecycle_verdicts_of``).
 """
 
 from __future__ import annotations
 
-import random
 from collections import deque
 from typing import Any, TypeVar
 
-from hypothesis import HealthCheck, Phase, Verbosity, seed as hypothesis_seed
+from hypothesis import seed as hypothesis_seed
 from hypothesis import settings as Settings
 from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 
-from ..lifecycle import LifecycleViolation, steady_draws
+from ..lifecycle import LifecycleViolation, lifecycle_verdicts, steady_draws
 from ..lifecycle.machine import final_run
-from .child import decode, encode
-from .mirror import KIT_SECONDS, MirrorDiverged, _what
-from .lines import read_reply, reply_to
 from .process import Sandbox, SandboxFailure
+from .protocol import (
+    decode, describe_line, encode, of_example, plain_only, read_reply, reply_to, search_settings, settings_document,
+)
 from .remote import RecordChannel, RemoteNamespace
 
-__all__ = ["SearchChannel", "SearchStopped", "run_search", "search_settings", "searched"]
+__all__ = ["KIT_SECONDS", "MAX_EXAMPLE_LINES", "SearchChannel", "SearchDiverged", "SearchStopped", "lifecycle_verdicts_of",
+           "run_search", "searched"]
 
 _T = TypeVar("_T")
+KIT_SECONDS = 60.0
+"""Added to the call limit of a search's first line while the child imports the kit and Hypothesis."""
+MAX_EXAMPLE_LINES = 1 << 18
+"""Lines of one example of the child's that the grader keeps to judge again (the kit's machines make a few
+thousand at most): past it the child's search differs from the grader's."""
+
+
+class SearchDiverged(BaseException):
+    """The child's search made other requests than the grader's run of it.
+
+    A ``BaseException``, so no check mistakes it for the submission's error:
+    it ends the search, and the part is judged over the live channel instead.
+    """
 
 
 class SearchStopped(BaseException):
-    """The child's search ended early: it died, timed out or exited.  The part is then judged with
-    mirrored steps, which restart the child and go on, as the live channel does."""
-
-
-def search_settings(doc: dict[str, Any], *, shrink: bool) -> tuple[Settings, int | None]:
-    """The settings both sides run one search under, from ``describe``'s document, and its seed (None:
-    derandomized).  The child shrinks, the grader does not; neither has a database, a deadline or a
-    health check that depends on time."""
-    phases = [Phase[name] for name in doc["phases"] if shrink or name != Phase.shrink.name]
-    checks = {HealthCheck[name] for name in doc["suppress_health_check"]} | {HealthCheck.too_slow}
-    settings = Settings(max_examples=doc["max_examples"], stateful_step_count=doc["stateful_step_count"],
-                        derandomize=doc["derandomize"], phases=phases, suppress_health_check=sorted(checks, key=str),
-                        database=None, deadline=None, report_multiple_bugs=False, verbosity=Verbosity.quiet,
-                        print_blob=False)
-    return settings, doc["seed"]
-
-
-def describe(settings: Settings) -> dict[str, Any]:
-    """The document of ``settings`` that ``search_settings`` reads, with a fresh seed unless derandomized."""
-    return {"max_examples": settings.max_examples, "stateful_step_count": settings.stateful_step_count,
-            "derandomize": settings.derandomize, "phases": [phase.name for phase in settings.phases],
-            "suppress_health_check": [check.name for check in settings.suppress_health_check],
-            "seed": None if settings.derandomize else random.getrandbits(64)}
+    """The child's search ended early: it died, timed out or exited.  The part is then judged over the live
+    channel, which restarts the child and goes on."""
 
 
 class SearchChannel(RecordChannel):
@@ -93,7 +86,7 @@ class SearchChannel(RecordChannel):
         self.ahead: deque[dict[str, Any]] = deque()   # lines read, or kept to judge again, not yet used
         self.searches = 0           # searches the child ran (for the benchmark and the tests)
         # Set when the search ends early, to why: nothing more is asked of its lines (see run_search).
-        self.ended: SearchStopped | MirrorDiverged | None = None
+        self.ended: SearchStopped | SearchDiverged | None = None
         self.kept: list[dict[str, Any]] = []   # the current example's lines, should Hypothesis run it again
         self.keeping = False        # the grader's own search runs: its lines are kept, example by example
         self.again = False          # Hypothesis runs its failing example again: the kept lines answer it
@@ -106,13 +99,13 @@ class SearchChannel(RecordChannel):
     # ----------------------------------------------------------- searches
 
     def start(self, machine: Any, settings: dict[str, Any]) -> None:
-        """Have the child begin the search of ``machine``'s part under ``settings`` (``describe``)."""
+        """Have the child begin the search of ``machine``'s part under ``settings`` (``settings_document``)."""
         spec = {"part": machine.part, "disabled": sorted(machine.disabled), "parts": self.parts,
                 "label": self.label, "settings": settings}
         self.ended = None
         importing = self.kit_in != self.sandbox.generation or not self.sandbox.alive()
         try:  # the first line comes before any of the submission's code runs: only the kit's work is waited for
-            first = self.sandbox.request({"op": "mirror", "search": spec}, "lifecycle",
+            first = self.sandbox.request({"op": "search", "spec": spec}, "lifecycle",
                                          extra_seconds=KIT_SECONDS if importing else 0.0)
         except SandboxFailure as exc:
             raise self._stopped(f"the child could not begin the search: {exc}") from None
@@ -129,14 +122,17 @@ class SearchChannel(RecordChannel):
             line = self._line()
             if "ex" in line:
                 last = [line]
-            elif _of_example(line) and last is not None:
+            elif of_example(line) and last is not None:
+                if len(last) >= MAX_EXAMPLE_LINES:
+                    raise self._diverged(f"the child's search wrote more than {MAX_EXAMPLE_LINES} lines for one "
+                                         f"example (the grader's MAX_EXAMPLE_LINES)")
                 last.append(line)
             else:
                 break
         self.running = False
         outcome = line.get("ok")
-        if not isinstance(outcome, dict) or _of_example(line):
-            raise self._diverged(f"the child's search ended with {_what(line)}")
+        if not isinstance(outcome, dict) or of_example(line):
+            raise self._diverged(f"the child's search ended with {describe_line(line)}")
         return last if outcome.get("failed") else None
 
     def abandon(self) -> None:
@@ -161,12 +157,12 @@ class SearchChannel(RecordChannel):
         self.reads.clear()
         line = self._line()
         if "ex" not in line:
-            raise self._diverged(f"the child ran {_what(line)} where the grader starts an example")
+            raise self._diverged(f"the child ran {describe_line(line)} where the grader starts an example")
 
     def step(self, name: str, kwargs: dict[str, Any]) -> None:
         line = self._line()
-        if line.get("seg") != [name, [[k, encode(v, _plain)] for k, v in kwargs.items()]]:
-            raise self._diverged(f"the child ran {_what(line)} where the grader runs step {name}")
+        if line.get("seg") != [name, [[k, encode(v, plain_only)] for k, v in kwargs.items()]]:
+            raise self._diverged(f"the child ran {describe_line(line)} where the grader runs step {name}")
 
     def read(self, obj: Any, name: str) -> Any:
         """A read, as ``exchange`` would answer it, without building the request (most requests are reads)."""
@@ -179,7 +175,8 @@ class SearchChannel(RecordChannel):
         line = self._line()
         reply = read_reply(line.get("g"), handle, name)
         if reply is None:
-            raise self._diverged(f"the child made {_what(line)} where the grader reads {name!r} of #{handle}")
+            raise self._diverged(f"the child made {describe_line(line)} where the grader reads {name!r} of "
+                                 f"#{handle}")
         if "exited" in reply:
             raise self._stopped(f"the {self.label} called sys.exit")
         return self.read_answer(obj, name, reply)
@@ -190,7 +187,7 @@ class SearchChannel(RecordChannel):
         line = self._line()
         reply = reply_to(message, line)
         if reply is None:
-            raise self._diverged(f"the child made {_what(line)} where the grader makes {message!r:.200}")
+            raise self._diverged(f"the child made {describe_line(line)} where the grader makes {message!r:.200}")
         if "exited" in reply:  # the live channel restarts the child here; the child's search went on
             raise self._stopped(f"the {self.label} called sys.exit")
         self.remember(message, reply)
@@ -199,8 +196,8 @@ class SearchChannel(RecordChannel):
     def _gone(self) -> SandboxFailure:
         return SandboxFailure("died", f"the {self.label}'s objects are gone: their example has ended")
 
-    def _diverged(self, message: str) -> MirrorDiverged:
-        self.ended = MirrorDiverged(message)
+    def _diverged(self, message: str) -> SearchDiverged:
+        self.ended = SearchDiverged(message)
         return self.ended
 
     def _stopped(self, message: str) -> SearchStopped:
@@ -236,7 +233,7 @@ def searched(cls: type[_T], channel: SearchChannel) -> type[_T]:
             channel.step(name, kwargs)
 
         def teardown(self) -> None:
-            if channel.ended is not None:  # the search is ending with SearchStopped or MirrorDiverged
+            if channel.ended is not None:  # the search is ending with SearchStopped or SearchDiverged
                 return
             if not (self.failed or self.halted or not self.started):  # the same test as the teardown's own
                 channel.step("teardown", {})
@@ -250,7 +247,7 @@ def searched(cls: type[_T], channel: SearchChannel) -> type[_T]:
 def run_search(channel: SearchChannel, machine: type[RuleBasedStateMachine], settings: Settings) -> None:
     """A ``lifecycle.verdicts.Search`` over ``channel``: raise the violation of the search, shrunk by the
     child and judged here, or return when it passes (see the module docstring)."""
-    doc = describe(settings)
+    doc = settings_document(settings)
     own, seed = search_settings(doc, shrink=False)
     if seed is not None:
         machine = hypothesis_seed(seed)(machine)
@@ -281,22 +278,41 @@ def _judge_again(machine: type[RuleBasedStateMachine], channel: SearchChannel,
                 name, kwargs = line.get("seg") or (None, None)
                 if name is None or name == "teardown":  # the teardown runs below, as Hypothesis runs it
                     continue
-                getattr(instance, name)(**{k: decode(v, _plain) for k, v in kwargs})
+                getattr(instance, name)(**{k: decode(v, plain_only) for k, v in kwargs})
         finally:
             instance.teardown()
     except LifecycleViolation as violation:
         return violation
-    except (Exception, MirrorDiverged):
+    except (Exception, SearchDiverged):
         return None
     finally:
         channel.ahead.clear()
     return None
 
 
-def _of_example(line: dict[str, Any]) -> bool:
-    """Whether ``line`` is a step or a request of an example (not a search's final reply)."""
-    return "seg" in line or "g" in line or "c" in line or "rec" in line
+def lifecycle_verdicts_of(impl: Any, part: str, settings: Any = None, **options: Any) -> tuple[dict[str, Any], str]:
+    """``lifecycle_verdicts(part, ...)`` of ``impl``: searched by its child when it offers ``lifecycle_channel``
+    (a sandboxed submission), over its plain ``namespace`` otherwise; returns ``(verdicts, note)``.
 
-
-def _plain(obj: Any) -> Any:
-    raise TypeError(f"a lifecycle step's arguments are plain data, not {type(obj).__name__}")
+    When the child's search stops early (it died, timed out or exited), the
+    part is judged again over the live channel, which handles each of those
+    by restarting the child; when its lines differ from the grader's run,
+    too, and ``note`` says so.  The time of the searched try is not counted
+    against the submission's limits.  ``options`` go to ``lifecycle_verdicts``.
+    """
+    channel_of = getattr(impl, "lifecycle_channel", None)
+    if channel_of is None:
+        return lifecycle_verdicts(part, impl.namespace, settings, **options), ""
+    search = channel_of(SearchChannel)
+    tally = search.sandbox.tally()
+    try:
+        return lifecycle_verdicts(part, search.namespace, settings, wrap=lambda cls: searched(cls, search),
+                                  search=lambda machine, stage: run_search(search, machine, stage), **options), ""
+    except SearchStopped:
+        note = ""
+    except SearchDiverged as exc:
+        note = (f"lifecycle {part}: judged one request at a time, since the sandbox's search differed from the "
+                f"grader's run of it ({exc})")
+    impl.close()  # its child is part-way through a search; the next request starts a fresh one
+    search.sandbox.rewind(tally)
+    return lifecycle_verdicts(part, impl.namespace, settings, **options), note

@@ -1,0 +1,1 @@
+"""pytest-cbatch: SGLang's real ``Scheduler`` on CPU with a stand-in model worker."""
