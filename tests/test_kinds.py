@@ -122,7 +122,8 @@ def test_a_third_party_kind_runs_the_suite_under_pytest(pytester: pytest.Pyteste
     monkeypatch.setenv("PYTHONPATH", str(site))
     result = pytester.runpytest_subprocess("--cbatch-impl=echo:reference", "-p", "no:cacheprovider",
                                            "-k", "test_contract and completes and demo")
-    result.assert_outcomes(passed=2)  # the demo workload, and its serial twin
+    outcomes = result.parseoutcomes()  # numerics skip as a module where torch is missing
+    assert outcomes.get("passed") == 2 and not outcomes.get("failed"), outcomes  # the demo workload, its serial twin
     result.stdout.fnmatch_lines(["*echo:reference (the echo kind*"])
 
 

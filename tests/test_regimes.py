@@ -82,7 +82,7 @@ def test_the_generated_preemption_tests_alone_catch_a_cut_recompute_target(pytes
     fixed = pytester.runpytest_subprocess(spec, "-k", "test_contract and not generated")
     assert fixed.ret == 0, "the fixed workloads now catch it too: this test no longer proves what it says"
     generated = pytester.runpytest_subprocess(spec, "-k", "generated_traces_preemption")
-    generated.assert_outcomes(failed=1)
+    assert generated.parseoutcomes().get("failed") == 1  # numerics skip as a module where torch is missing
     generated.stdout.fnmatch_lines(["*pending_sample_fed_once*"])
 
 

@@ -91,10 +91,10 @@ def test_a_listing_is_untrusted_bounded_data() -> None:
 def test_pytest_takes_the_model_from_the_option_or_the_ini(pytester: pytest.Pytester, lists_several: str) -> None:
     pytester.makeini(f"[pytest]\ncbatch_model = {ADAPTERS[1]}\n")
     args = (f"--cbatch-impl={lists_several}", "-p", "no:cacheprovider", "-k", "test_contract and completes-demo and not serial")
-    named = pytester.runpytest_subprocess(*args)
-    named.assert_outcomes(passed=1)
+    named = pytester.runpytest_subprocess(*args).parseoutcomes()   # (numerics skip as a module without torch)
+    assert named.get("passed") == 1 and not named.get("failed"), named
     wrong = pytester.runpytest_subprocess(*args, f"--cbatch-model={ADAPTERS[0]}")   # the option wins over the ini
-    wrong.assert_outcomes(failed=1)
+    assert wrong.parseoutcomes().get("failed") == 1 and not wrong.parseoutcomes().get("passed")
     wrong.stdout.fnmatch_lines(["*The model `base` does not exist*"])
 
 
