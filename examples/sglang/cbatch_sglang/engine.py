@@ -170,6 +170,11 @@ def batch_rows(batch: Any) -> list[tuple[str, int, int]]:
     return [(r.rid, 1, int(s) - 1) for r, s in zip(batch.reqs, batch.seq_lens_cpu.tolist())]
 
 
+def _tear_down() -> None:
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+
+
 def _init_stand_in_worker(self: Any) -> None:
     self.tp_worker = _StandInWorker(_StandInRunner(self.model_config, _PENDING_SETTINGS[-1]))
 
@@ -198,6 +203,11 @@ class Engine:
         Scheduler.init_tp_model_worker = _init_stand_in_worker
         try:
             self.sched = Scheduler(args, PortArgs.init_new(args))
+        except BaseException:
+            # A constructor stopped midway (an error, a time limit's interrupt) has built SGLang's
+            # process-wide parallel groups; without this no later Engine could build its own.
+            _tear_down()
+            raise
         finally:
             Scheduler.init_tp_model_worker = original
             _PENDING_SETTINGS.pop()
@@ -215,8 +225,7 @@ class Engine:
 
     def close(self) -> None:
         """Tear down SGLang's process-wide parallel state so the next Engine can build its own."""
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
+        _tear_down()
         Engine._live = None
 
     # -- requests ----------------------------------------------------------------
