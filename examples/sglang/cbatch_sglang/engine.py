@@ -32,8 +32,9 @@ from . import stand_ins  # noqa: E402
 
 stand_ins.install()
 
-import torch  # noqa: E402
 import sglang  # noqa: E402
+import torch  # noqa: E402
+import zmq  # noqa: E402
 from sglang.srt.distributed import parallel_state  # noqa: E402
 from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
 from sglang.srt.managers.io_struct import AbortReq, GenerateReqInput, TokenizedGenerateReqInput  # noqa: E402
@@ -170,6 +171,10 @@ def batch_rows(batch: Any) -> list[tuple[str, int, int]]:
     return [(r.rid, 1, int(s) - 1) for r, s in zip(batch.reqs, batch.seq_lens_cpu.tolist())]
 
 
+def _end_thread() -> bool:
+    raise SystemExit  # ends the calling thread quietly (threading ignores SystemExit)
+
+
 def _tear_down() -> None:
     parallel_state.destroy_model_parallel()
     parallel_state.destroy_distributed_environment()
@@ -224,7 +229,24 @@ class Engine:
         self._aborts.append(output)
 
     def close(self) -> None:
-        """Tear down SGLang's process-wide parallel state so the next Engine can build its own."""
+        """Give back what the Scheduler holds outside Python objects (its ZMQ context with its sockets
+        and I/O threads, its load-snapshot file in /dev/shm) and tear down SGLang's process-wide
+        parallel state so the next Engine can build its own: a run builds hundreds of engines."""
+        channels = self.sched.ipc_channels
+        sockets = [getattr(s, "socket", s) for s in (channels.recv_from_tokenizer, channels.recv_from_rpc,
+                                                      channels.send_to_tokenizer, channels.send_to_detokenizer,
+                                                      channels.send_metrics_from_scheduler)]
+        for context in {id(s.context): s.context for s in sockets if isinstance(s, zmq.Socket)}.values():
+            context.destroy(linger=0)
+        writer = self.sched.load_snapshot_writer
+        if writer is not None:
+            writer.close()
+            Path(getattr(writer, "path", "")).unlink(missing_ok=True)
+        # SGLang's watchdog threads never end and their callbacks hold the Scheduler (and through it its
+        # gloo groups and their sockets); they go idle with nothing of it, and end at their next look.
+        for dog in (getattr(self.sched, "watchdog", None), getattr(self.sched, "soft_watchdog", None)):
+            if dog is not None:
+                dog.is_active, dog.get_counter, dog.dump_info = _end_thread, int, None
         _tear_down()
         Engine._live = None
 
