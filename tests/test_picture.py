@@ -259,7 +259,7 @@ def test_cbatch_explain_draws_a_lifecycle_part(tmp_path: Path) -> None:
     assert done.returncode == 1 and "fail  lifecycle.replay_no_refeed" in done.stdout, done.stdout + done.stderr
     page = out.read_text(encoding="utf-8")
     assert "lifecycle.replay_no_refeed" in page and page.count('class="fail"') == 1
-    assert "pool = PagedKV(" in page
+    assert "pool = PagedKV(" in page and all("<svg" in row for row in _rows(page))  # the pool after every step
 
 
 def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:
