@@ -69,7 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pytest_cbatch.engine_report import dispatch_event, engine_report, row_phase
+from pytest_cbatch.engine_report import EventLog, engine_report, row_phase
 from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
 
 from .engine import SGLANG_VERSION, Engine, EngineSettings, batch_rows
@@ -177,7 +177,7 @@ class _Run:
         self.config = config
         self.lines = lines
         self.ignore_eos = ignore_eos
-        self.events: list[dict[str, Any]] = []
+        self.log = EventLog()
         self.arrivals = {line["id"]: line for line in lines if line["event"] == "arrival"}
         # SGLang aborts every request whose rid *starts with* the aborted one (abort_request), as its
         # own front end never notices with uuid4 hex rids: the same fixed-width form here.
@@ -189,8 +189,6 @@ class _Run:
         self.cancels: dict[str, list[int]] = {}   # cancels of a running request SGLang has not answered yet
         self.emitted: dict[str, int] = {}
         self.preempted: set[str] = set()
-        self.dispatches = 0
-        self.fed = 0
         total = sum(line["prompt_tokens"] + line["output_tokens"] for line in self.arrivals.values())
         self.step_limit = 50 * total + 1000
 
@@ -224,11 +222,11 @@ class _Run:
     def _trace_line(self, line: dict[str, Any], t: int) -> None:
         kid = line["id"]
         if line["event"] == "arrival":
-            self._emit(t, "arrival", kid)
+            self.log.emit(t, "arrival", kid)
             refusal = self.engine.front_end_refusal(line["prompt_tokens"], line["output_tokens"])
             if refusal:
                 self.status[kid] = "rejected"
-                self._emit(t, "rejected", kid, reason=refusal)
+                self.log.emit(t, "rejected", kid, reason=refusal)
                 return
             self.status[kid] = "queued"
             self.engine.add(self.rid[kid], _prompt(len(self.status), line["prompt_tokens"]), line["output_tokens"],
@@ -238,7 +236,7 @@ class _Run:
             if self.reqs[kid] is None and self.status[kid] == "queued":
                 raise RuntimeError(f"SGLang neither queued nor answered {kid!r}")
         elif self.status[kid] not in ("queued", "active"):
-            self._emit(t, "cancel_ignored", kid, status=self.status[kid])
+            self.log.emit(t, "cancel_ignored", kid, status=self.status[kid])
         elif kid in self.cancels:
             self.cancels[kid].append(t)  # SGLang already aborts it; answered with the first
         else:
@@ -262,13 +260,13 @@ class _Run:
             if self.status[kid] == "active":
                 self.status[kid] = "queued"
                 self.preempted.add(kid)
-                self._emit(t, "preempted", kid, released_blocks=len(self.held.pop(kid, [])))
+                self.log.emit(t, "preempted", kid, released_blocks=len(self.held.pop(kid, [])))
         tables = self._tables(batch)
         for rid in sorted(waiting - set(now_waiting)):
             kid = self.kid[rid]
             if self.status[kid] == "queued":
                 self.status[kid] = "active"
-                self._emit(t, "admit", kid, reserved_blocks=len(tables.get(kid, [])))
+                self.log.emit(t, "admit", kid, reserved_blocks=len(tables.get(kid, [])))
         self._snapshot(t, tables, [self.kid[rid] for rid in now_waiting])
         if batch:
             self._dispatch(t, batch)
@@ -293,10 +291,10 @@ class _Run:
         for abort in aborts:
             kid = self._known(abort.rid)
             self._end(t, kid, "cancelled" if kid in self.cancels else "rejected", reason=abort.finished_reason)
-        for kid, pages in list(self.held.items()):
+        for kid in list(self.held):
             if self.status[kid] not in ("queued", "active") and not self.engine.table(self.reqs[kid]):
                 self.held.pop(kid)
-                self._emit(t, "release", kid)
+                self.log.emit(t, "release", kid)
 
     def _known(self, rid: str) -> str:
         if rid not in self.kid:
@@ -308,7 +306,7 @@ class _Run:
             raise RuntimeError(f"SGLang sent output for {kid!r} after it ended {self.status[kid]}")
         for _ in range(count):
             self.emitted[kid] = self.emitted.get(kid, 0) + 1
-            self._emit(t, "token", kid, output_index=self.emitted[kid])
+            self.log.emit(t, "token", kid, output_index=self.emitted[kid])
         if reason is None:
             return
         if reason.get("type") == "abort":
@@ -320,19 +318,12 @@ class _Run:
         """``kid`` ended ``status``; cancels SGLang had not answered yet are answered with it."""
         self.status[kid] = status
         fields = {"reason": reason["message"]} if status == "rejected" and isinstance(reason, dict) else {}
-        self._emit(t, status, kid, **fields)
+        self.log.emit(t, status, kid, **fields)
         cancels = self.cancels.pop(kid, [])
         for _ in cancels[1 if status == "cancelled" else 0:]:
-            self._emit(t, "cancel_ignored", kid, status=status)
+            self.log.emit(t, "cancel_ignored", kid, status=status)
 
     # -- events ----------------------------------------------------------------
-
-    def _emit(self, t: int, kind: str, kid: str | None = None, **fields: Any) -> None:
-        event: dict[str, Any] = {"time": t, "event": kind}
-        if kid is not None:
-            event["id"] = kid
-        event.update(fields)
-        self.events.append(event)
 
     def _tables(self, batch: Any) -> dict[str, list[int]]:
         return {self.kid[rid]: [page - 1 for page in pages] for rid, pages in self.engine.pages(batch).items() if pages}
@@ -342,7 +333,7 @@ class _Run:
         free = self.engine.free_slots() // self.config["block_size"]
         allocated = self.config["capacity"] - free
         active = [kid for kid, s in self.status.items() if s == "active"]
-        self._emit(t, "snapshot", active=active, queued=queued, reserved_blocks=allocated, draining_blocks=0,
+        self.log.emit(t, "snapshot", active=active, queued=queued, reserved_blocks=allocated, draining_blocks=0,
                    allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=tables)
 
     def _dispatch(self, t: int, batch: Any) -> None:
@@ -352,13 +343,11 @@ class _Run:
             known = self.arrivals[kid]["prompt_tokens"] + self.emitted.get(kid, 0)
             rows.append((kid, row_phase(has_output=bool(self.emitted.get(kid)), before=before, known=known,
                                         preempted=kid in self.preempted), n))
-        self.dispatches += 1
-        self.fed += sum(n for _, _, n in rows)
-        self.events.append(dispatch_event(t, rows, self.config["token_budget"]))
+        self.log.dispatch(t, rows, self.config["token_budget"])
 
     def report(self) -> dict[str, Any]:
         kind = "ignore_eos" if self.ignore_eos else "retract"
-        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.events,
-                             dispatches=self.dispatches, fed=self.fed,
+        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.log.events,
+                             dispatches=self.log.dispatches, fed=self.log.fed,
                              free_blocks=self.engine.free_slots() // self.config["block_size"],
                              engine=f"sglang {SGLANG_VERSION} ({kind})")

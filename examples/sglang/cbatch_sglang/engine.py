@@ -271,8 +271,8 @@ class Engine:
     def front_end_refusal(self, prompt_len: int, max_new_tokens: int) -> str | None:
         """What SGLang's front end says to a request before it reaches the scheduler: the message of
         ``TokenizerManager._validate_one_request`` (prompt, and prompt plus ``max_new_tokens``,
-        against the context length), or None when it passes.  Run on a stand-in holding only the
-        attributes that method reads, with SGLang's own values for them (``__init__`` not run)."""
+        against the context length), or None when it passes.  Run on a ``TokenizerManager`` whose
+        ``__init__`` did not run, holding only the fields that method reads, with SGLang's own values."""
         # A TokenizerManager's __init__ starts the server's sockets and tokenizer: only the fields read here.
         front = TokenizerManager.__new__(TokenizerManager)
         front.model_config, front.context_len = self.sched.model_config, self.sched.model_config.context_len
