@@ -179,8 +179,8 @@ class _Run:
         self.ignore_eos = ignore_eos
         self.log = EventLog()
         self.arrivals = {line["id"]: line for line in lines if line["event"] == "arrival"}
-        # SGLang aborts every request whose rid *starts with* the aborted one (abort_request), as its
-        # own front end never notices with uuid4 hex rids: the same fixed-width form here.
+        # SGLang aborts every request whose rid *starts with* the aborted one (abort_request); its own
+        # front end gives uuid4 hex rids, none a prefix of another: the same fixed-width form here.
         self.rid = {kid: f"{k:032x}" for k, kid in enumerate(self.arrivals)}
         self.kid = {rid: kid for kid, rid in self.rid.items()}
         self.status: dict[str, str] = {}          # queued, active, finished, cancelled, rejected
