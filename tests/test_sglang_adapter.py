@@ -16,6 +16,8 @@ import gc
 import importlib.util
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,6 +251,17 @@ def test_engines_built_one_after_another_give_back_their_sockets_and_files() -> 
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) <= before + 2
     assert [f for f in files if f.exists()] == []
+
+
+def test_the_last_engine_of_a_process_is_closed_at_exit() -> None:
+    code = ("from cbatch_sglang.engine import Engine, EngineSettings\n"
+            "e = Engine(EngineSettings(max_total_tokens=16, max_running_requests=2, chunked_prefill_size=4, "
+            "max_prefill_tokens=16, context_length=16))\n"
+            "print(e.sched.load_snapshot_writer.path)\n")
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    path = Path(done.stdout.strip().splitlines()[-1])
+    assert path.name.startswith("sglang_loads_") and not path.exists()
 
 
 # -- findings (sglang 0.5.23), each on its smallest trace ---------------------------------------------

@@ -19,6 +19,7 @@ tokenizer and detokenizer is captured instead of sent.
 
 from __future__ import annotations
 
+import atexit
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -173,6 +174,13 @@ def batch_rows(batch: Any) -> list[tuple[str, int, int]]:
 
 def _end_thread() -> bool:
     raise SystemExit  # ends the calling thread quietly (threading ignores SystemExit)
+
+
+@atexit.register
+def _close_the_live_engine() -> None:
+    """The last Engine of a process is closed at exit too (its /dev/shm file would outlive it)."""
+    if Engine._live is not None:
+        Engine._live.close()
 
 
 def _tear_down() -> None:
