@@ -13,12 +13,8 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
@@ -37,6 +33,7 @@ from cbatch_sglang import server  # noqa: E402
 from cbatch_sglang.engine import SYNTHETIC_TOKEN  # noqa: E402
 from pytest_cbatch.contract import CLAIMS, check_report  # noqa: E402
 from pytest_cbatch.impls import resolve_impl  # noqa: E402
+from pytest_cbatch.live.local_server import ServerStartError, post_json, running  # noqa: E402
 from pytest_cbatch.workloads import BASE_CONFIG  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,54 +63,20 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
 @pytest.fixture(scope="module")
 def short_context(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(URL, model directory) of a server with context 64 and a pool of 256 tokens; stopped at the end."""
     work = tmp_path_factory.mktemp("sglang-server")
-    model = work / "model"
-    subprocess.run([sys.executable, "-m", "cbatch_vllm.tiny_model", str(model)], check=True, timeout=300,
+    model = str(work / "model")
+    subprocess.run([sys.executable, "-m", "cbatch_vllm.tiny_model", model], check=True, timeout=300,
                    env=_env(PYTHONPATH=str(ROOT / "examples" / "vllm")), stdout=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{_port()}"
-    log = work / "server.log"
-    with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "cbatch_sglang.server", "--model-path", str(model),
-                                 "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1],
-                                 "--context-length", str(CONTEXT), "--max-total-tokens", "256"],
-                                env=_env(HF_HOME=str(work / "hf-home")), stdout=sink, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    args = ["-m", "cbatch_sglang.server", "--model-path", model, "--host", "127.0.0.1",
+            "--context-length", str(CONTEXT), "--max-total-tokens", "256"]
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            assert proc.poll() is None, f"the server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no /health in {STARTUP_SECONDS} s:\n{log.read_text()[-3000:]}"
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5).close()
-                break
-            except OSError:
-                time.sleep(0.5)
-        yield url, str(model)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        with running(args, work, startup_seconds=STARTUP_SECONDS, env={"SGLANG_USE_CPU_ENGINE": "0"}) as url:
+            yield url, model
+    except ServerStartError as exc:
+        pytest.fail(f"python -m cbatch_sglang.server: {exc}")
 
 
 def _run(url: str, model: str, trace: list[dict[str, Any]]) -> dict[str, Any]:
@@ -125,8 +88,8 @@ def test_sglangs_server_serves_with_the_stand_in_worker(short_context: tuple[str
     url, model = short_context
     with urllib.request.urlopen(url + "/v1/models", timeout=30) as resp:
         assert [m["id"] for m in json.loads(resp.read())["data"]] == [model]
-    status, body = _post(url + "/v1/completions", {"model": model, "prompt": [100, 101, 102], "max_tokens": 4,
-                                                    "ignore_eos": True, "return_token_ids": True})
+    status, body = post_json(url + "/v1/completions", {"model": model, "prompt": [100, 101, 102], "max_tokens": 4,
+                                                       "ignore_eos": True, "return_token_ids": True})
     assert status == 200, body
     choice = json.loads(body)["choices"][0]
     # Every token came from the stand-in in SGLang's scheduler process, through its detokenizer.
@@ -154,11 +117,11 @@ def test_finding_a_prompt_the_front_end_admits_is_refused_inside_a_200_stream(sh
     # of >= context_len (64).  A 59-token prompt asking for 2 (61 <= 64) gets HTTP 200, an error frame
     # from the scheduler's check, and a usage frame claiming one completion token it never sent.
     url, model = short_context
-    status, body = _post(url + "/v1/completions", {"model": model, "prompt": list(range(100, 159)), "max_tokens": 2,
-                                                    "ignore_eos": True, "stream": True,
-                                                    "stream_options": {"include_usage": True}})
+    body = {"model": model, "prompt": list(range(100, 159)), "max_tokens": 2, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    status, text = post_json(url + "/v1/completions", body)
     assert status == 200
-    frames = [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+    frames = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
     assert "exceeds the maximum allowed length (58 tokens)" in frames[0]["error"]["message"]
     assert frames[-1]["usage"]["completion_tokens"] == 1 and not any(f.get("choices") for f in frames)
     # The kit reports it rejected with SGLang's words, and counts no token for it.

@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import stand_ins
+
+if TYPE_CHECKING:
+    from .engine import EngineSettings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model directory is local; never reach the Hub
 if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
@@ -35,7 +38,7 @@ if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
     raise SystemExit("cbatch_sglang.server: unset SGLANG_USE_CPU_ENGINE (it needs the CPU build of sgl_kernel)")
 stand_ins.install()
 
-__all__ = ["DEFAULTS", "run_scheduler_process", "stand_in_settings", "server_argv", "main"]
+__all__ = ["DEFAULTS", "FIXED_FLAGS", "run_scheduler_process", "stand_in_settings", "server_argv", "main"]
 
 # What the stand-in needs decided that a real worker would size from free memory.  Any of these
 # given on the command line wins.
@@ -56,7 +59,7 @@ def server_argv(argv: list[str]) -> list[str]:
     return [*argv, *defaults, *FIXED_FLAGS]
 
 
-def stand_in_settings(server_args: Any, context_length: int) -> Any:
+def stand_in_settings(server_args: Any, context_length: int) -> "EngineSettings":
     """The stand-in's ``EngineSettings``, from the server's arguments as SGLang resolved them."""
     from sglang.srt.arg_groups.overrides import resolving_view
 
