@@ -49,7 +49,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("serve-live")
     try:
         with running(["-m", "cbatch_transformers.serve", "--work", str(work)], work,
-                           startup_seconds=STARTUP_SECONDS) as url:
+                     startup_seconds=STARTUP_SECONDS) as url:
             yield url
     except ServerStartError as exc:
         pytest.fail(str(exc))
