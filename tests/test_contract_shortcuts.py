@@ -42,9 +42,13 @@ def _edit_rows(report: dict[str, Any], draw: Callable[[Any], Any]) -> None:
     i = draw(st.sampled_from(dispatches))
     work = events[i]["work"]
     row = draw(st.sampled_from(work))
-    edit = draw(st.sampled_from(["size", "phase", "twice", "move", "drop_token", "move_token", "preempt", "empty"]))
+    edit = draw(st.sampled_from(["size", "last", "phase", "twice", "move", "drop_token", "move_token", "preempt",
+                                 "empty"]))
     if edit == "size":
         row["input_tokens"] = max(1, row["input_tokens"] + draw(st.sampled_from([-1, 1, 2, 40])))
+    elif edit == "last":   # the request's last row, which may come after its last output
+        last = [r for k in dispatches for r in events[k]["work"] if r["id"] == row["id"]][-1]
+        last["input_tokens"] += draw(st.sampled_from([1, 16, 64]))
     elif edit == "phase":
         row["phase"] = draw(st.sampled_from(["prefill", "decode", "recompute"]))
     elif edit == "twice":
@@ -56,9 +60,9 @@ def _edit_rows(report: dict[str, Any], draw: Callable[[Any], Any]) -> None:
         del events[draw(st.sampled_from(tokens))]
     elif edit == "move_token" and tokens:
         events.insert(draw(st.integers(0, len(events))), events.pop(draw(st.sampled_from(tokens))))
-    elif edit == "preempt":
-        events.insert(draw(st.integers(0, len(events))),
-                      {"time": events[i]["time"], "event": "preempted", "id": row["id"]})
+    elif edit == "preempt":   # shortly before one of its rows, or anywhere
+        events.insert(draw(st.sampled_from([i, max(0, i - 3), draw(st.integers(0, len(events)))])),
+                      {"time": events[i]["time"], "event": "preempted", "id": row["id"], "released_blocks": 0})
     elif edit == "empty":
         work.clear()
 
@@ -67,13 +71,14 @@ def _verdicts(cid: str, report: dict[str, Any], case: dict[str, Any]) -> list[An
     return check_report(report, case["trace"], case["config"], clauses=[cid], max_per_clause=10**6)
 
 
-@settings(max_examples=150, deadline=None, derandomize=True, database=None)
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(data=st.data(), pick=st.integers(0, len(REPORTS) - 1), edits=st.integers(1, 3))
 def test_each_shortcut_agrees_with_its_walk(data: st.DataObject, pick: int, edits: int) -> None:
     case, report = REPORTS[pick]
     bad = copy.deepcopy(report)
     for _ in range(edits):
         _edit_rows(bad, data.draw)
+    assert check_report(bad, case["trace"], case["config"], clauses=[]) == []   # the clauses judge it
     for cid, name in SHORTCUTS.items():
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(rows, name, lambda *args: False)
@@ -92,3 +97,16 @@ def test_each_shortcut_clears_the_reference(case: dict[str, Any], report: dict[s
         assert rows._rows_while_admitted(ix, rid), rid
         assert rows._rows_well_formed(ix, rid, line["prompt_tokens"], chunk), rid
         assert rows._fed_as_emitted(ix, rid, line["prompt_tokens"]) or ix.of(rid, "preempted"), rid
+
+
+def test_rows_past_the_last_output_are_judged() -> None:
+    """A request cancelled during its prefill emits no output; rows beyond its prompt fail the clause."""
+    case, report = next((case, report) for case, report in REPORTS if case["name"] == "cancel_mid_prefill")
+    bad = copy.deepcopy(report)
+    emitted = {ev["id"] for ev in bad["events"] if ev["event"] == "token"}
+    last = [row for ev in bad["events"] if ev["event"] == "dispatch" for row in ev["work"]
+            if row["id"] not in emitted][-1]
+    last["input_tokens"] += 1000
+    found = _verdicts("pending_sample_fed_once", bad, case)
+    assert len(found) == 1 and found[0].request == last["id"], found
+    assert found[0].message.startswith("rows fed reach") and "0 outputs emitted" in found[0].message, found
