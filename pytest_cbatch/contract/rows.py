@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from itertools import accumulate, repeat
+from operator import sub
 from typing import Iterator
 
 from .core import TERMINAL, ReportIndex, Violation, clause
@@ -49,18 +50,24 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
 
 
 def _fed_as_emitted(ix: ReportIndex, rid: str, prompt: int) -> bool:
-    """Whether a request never preempted passes pending_sample_fed_once, found without walking its events.
+    """Whether the request passes pending_sample_fed_once, found without walking its events.
 
-    Its rows' running totals only grow (a row feeds at least one token, the schema's minimum), so when each
-    output k follows exactly prompt + k - 1 rows, a row followed by output k + 1 fed at most prompt + k, as
-    many as existed; only the rows after the last output remain, and the last of them fed the most.
+    Within an incarnation its rows' running total only grows (a row feeds at least one token, the schema's
+    minimum), so when each output k follows exactly prompt + k - 1 rows of its incarnation, a row followed by
+    an output of the same incarnation fed no more than existed; only each incarnation's rows after its last
+    output remain, and the last of them fed the most.
     """
-    if ix.of(rid, "preempted"):
-        return False
     tokens, (at, fed, _) = ix.tokens(rid), ix.rows_of(rid)
-    total = [0, *accumulate(fed)]   # total[j]: what the first j rows fed
+    preempted = ix.of(rid, "preempted")
+    total = [0, *accumulate(fed)]   # total[j]: what the first j rows fed, whatever the incarnation
+    starts = [0, *map(bisect_left, repeat(at), preempted), len(at)]   # each incarnation's first row, and the end
     fed_before = list(map(total.__getitem__, map(bisect_left, repeat(at), tokens)))   # before each output
-    return fed_before == list(range(prompt, prompt + len(tokens))) and total[-1] <= prompt + len(tokens)
+    if preempted:   # less what the incarnations before each output's fed
+        since = list(map(total.__getitem__, starts[:-1]))
+        fed_before = list(map(sub, fed_before, map(since.__getitem__, map(bisect_left, repeat(preempted), tokens))))
+    return fed_before == list(range(prompt, prompt + len(tokens))) and all(
+        total[end] - total[start] <= prompt + bisect_left(tokens, at[end - 1])
+        for start, end in zip(starts, starts[1:]) if end > start)
 
 
 @clause("lifecycle_order",
