@@ -392,7 +392,7 @@ class ReportIndex:
             found = self._replayed[c.id] = []
             for kind in c.at:
                 judges.setdefault(kind, []).append((found, c.step))
-        replay = Replay()
+        replay = Replay(self.bs)
         events = self.events
         for i in self.steps:
             ev = events[i]
@@ -419,25 +419,36 @@ _NEXT_STATE = {"arrival": "queued", "admit": "active", "preempted": "queued", "r
 class Replay:
     """Each request's state (see ``next_state``) and the rows it fed in its current incarnation,
     advanced one event at a time, and the time of the latest snapshot.  ``members[state]``
-    is the set of ids in each state, kept up to date so lookups stay cheap."""
+    is the set of ids in each state, kept up to date so lookups stay cheap.  ``regrown``: the
+    ids whose pages needed for the rows fed (ceil(fed / block_size)) changed since the latest
+    snapshot, so a clause that compares each snapshot's tables with those needs may look again
+    only at them and at the tables that changed; ``underfed`` is where such a clause keeps what
+    it found at the latest snapshot."""
 
     STATES = ("queued", "active", "draining", "ended", "released")
 
-    def __init__(self) -> None:
+    def __init__(self, block_size: int = 1) -> None:
         self.state: dict[str, str] = {}
         self.fed: dict[str, int] = {}
         self.members: dict[str, set[str]] = {s: set() for s in self.STATES}
         self.snapshot_time: float | None = None
+        self.bs = block_size
+        self.regrown: set[str] = set()
+        self.underfed: set[str] = set()
 
     def advance(self, ev: Mapping[str, Any]) -> None:
         kind = ev["event"]
         if kind == "dispatch":
-            fed = self.fed
+            fed, bs, regrown = self.fed, self.bs, self.regrown
             for row in ev["work"]:
                 rid = row["id"]
-                fed[rid] = fed.get(rid, 0) + row["input_tokens"]
+                old = fed.get(rid, 0)
+                new = fed[rid] = old + row["input_tokens"]
+                if new > -(-old // bs) * bs:   # past the pages its rows needed (a row feeds at least one token)
+                    regrown.add(rid)
         elif kind == "snapshot":
             self.snapshot_time = ev["time"]
+            self.regrown.clear()
         elif kind in _NEXT_STATE or kind in ("finished", "cancelled"):
             rid = ev["id"]
             old = self.state.get(rid)
@@ -447,4 +458,6 @@ class Replay:
             self.state[rid] = new
             self.members[new].add(rid)
             if kind == "preempted":
+                if self.fed.get(rid):
+                    self.regrown.add(rid)
                 self.fed[rid] = 0

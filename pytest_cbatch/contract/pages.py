@@ -130,9 +130,16 @@ def _pages_cover_rows(ix: ReportIndex, i: int, ev: dict[str, Any], replay: Repla
     bs, fed, state = ix.bs, replay.fed, replay.state
     tables = ev["block_tables"]
     table_of, fed_by = tables.get, fed.get
+    # Whether a request's table is short of its rows changes only where its need (replay.regrown) or its
+    # table changed since the snapshot before, so only those are looked at again; the rest keep their finding.
+    underfed, changed = replay.underfed, ix.block_tables()
+    for rid in (*replay.regrown, *changed.changed[i], *changed.gone.get(i, ())):
+        if len(table_of(rid, ())) < -(-fed_by(rid, 0) // bs):
+            underfed.add(rid)
+        else:
+            underfed.discard(rid)
     for members in (replay.members["active"], replay.members["draining"]):
-        short_of = [rid for rid in members if len(table_of(rid, ())) < -(-fed_by(rid, 0) // bs)]
-        for rid in sorted(short_of):
+        for rid in sorted(underfed & members):
             need = -(-fed.get(rid, 0) // bs)
             yield ix.violation(cid, f"has fed {fed.get(rid, 0)} rows, which need {need} pages; the snapshot "
                                     f"shows {len(tables.get(rid, ()))}", rid, i)

@@ -19,7 +19,8 @@ class BlockTables:
     """Facts about the block tables of the snapshots at ``snapshots`` (event indices, in order).
 
     ``changed[i]``: the ids whose table in snapshot ``i`` differs from their
-    table in the snapshot before (or that it did not show), in table order.
+    table in the snapshot before (or that it did not show), in table order;
+    ``gone[i]`` (absent when none): those the snapshot before showed and ``i`` does not.
     ``census[i]``: ``(pages listed, distinct pages, listings outside
     0..capacity-1)`` over all of snapshot ``i``'s tables.  ``oversized[i]``:
     how many of its tables list more pages than ``limits`` gives their id (none
@@ -30,6 +31,7 @@ class BlockTables:
     def __init__(self, events: Sequence[dict[str, Any]], snapshots: Sequence[int], capacity: int,
                  limits: Mapping[str, int] | None = None):
         self.changed: dict[int, list[str]] = {}
+        self.gone: dict[int, set[str]] = {}
         self.census: dict[int, tuple[int, int, int]] = {}
         self.oversized: dict[int, int] = {}
         self.last_holding: dict[str, int] = {}
@@ -58,13 +60,14 @@ class BlockTables:
                 if limit is not None:
                     over += (len(table) > limit) - (old is not None and len(old) > limit)
             if len(before) > len(tables) - new:   # some id the snapshot before showed is gone
-                for rid in before.keys() - tables.keys():
-                    gone = before[rid]
-                    self._count(gone, -1)
-                    if gone:
+                gone = self.gone[i] = before.keys() - tables.keys()
+                for rid in gone:
+                    table = before[rid]
+                    self._count(table, -1)
+                    if table:
                         self.last_holding[rid] = last
                     limit = limits.get(rid)
-                    over -= limit is not None and len(gone) > limit
+                    over -= limit is not None and len(table) > limit
             self.census[i] = (self._total, self._total - self._repeats, self._outside)
             self.oversized[i] = over
             before, last = tables, i
