@@ -7,6 +7,9 @@ walk the events only when that test cannot clear them.  A shortcut that
 cleared a faulty request would pass broken code, so each clause is judged
 here twice on edited reports, with its shortcut and with the shortcut
 refusing every request (the walk alone), and must find the same violations.
+``pages_cover_rows`` looks again at each snapshot only at the requests whose
+page need or block table changed; on edited rows and tables it must find the
+requests short of pages that looking at every admitted one finds.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from contract_snapshot import generated_cases
-from pytest_cbatch.contract import check_report, rows
+from pytest_cbatch.contract import ReportIndex, check_report, rows
+from pytest_cbatch.contract.core import Replay
 from pytest_cbatch.reference.scheduler_sim import simulate
 from pytest_cbatch.workloads import WORKLOADS
 
@@ -110,3 +114,74 @@ def test_rows_past_the_last_output_are_judged() -> None:
     found = _verdicts("pending_sample_fed_once", bad, case)
     assert len(found) == 1 and found[0].request == last["id"], found
     assert found[0].message.startswith("rows fed reach") and "0 outputs emitted" in found[0].message, found
+
+
+def _edit_tables(report: dict[str, Any], draw: Callable[[Any], Any]) -> None:
+    """One edit of a snapshot's block tables: a table shorter, gone, or given to another request."""
+    events = report["events"]
+    snapshots = [ev for ev in events if ev["event"] == "snapshot" and ev["block_tables"]]
+    if not snapshots:
+        return
+    tables = draw(st.sampled_from(snapshots))["block_tables"]
+    rid = draw(st.sampled_from(sorted(tables)))
+    edit = draw(st.sampled_from(["shorter", "gone", "moved"]))
+    if edit == "shorter":
+        del tables[rid][draw(st.integers(0, 2)):]
+    elif edit == "gone":
+        del tables[rid]
+    else:
+        tables[rid + "-moved"] = tables.pop(rid)
+
+
+def _short_at_every_snapshot(report: dict[str, Any], case: dict[str, Any]) -> list[tuple[str, int]]:
+    """(request, snapshot) where an admitted or draining request's table is short of its rows, every one
+    looked at in every snapshot."""
+    ix = ReportIndex(report, case["trace"], case["config"])
+    replay, found = Replay(), []
+    for i in ix.steps:
+        ev = ix.events[i]
+        if ev["event"] == "snapshot":
+            tables = ev["block_tables"]
+            for members in (replay.members["active"], replay.members["draining"]):
+                found += [(rid, i) for rid in sorted(members)
+                          if len(tables.get(rid, ())) < -(-replay.fed.get(rid, 0) // ix.bs)]
+        replay.advance(ev)
+    return found
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(data=st.data(), pick=st.integers(0, len(REPORTS) - 1), edits=st.integers(1, 4))
+def test_pages_cover_rows_finds_every_short_table(data: st.DataObject, pick: int, edits: int) -> None:
+    case, report = REPORTS[pick]
+    bad = copy.deepcopy(report)
+    for _ in range(edits):
+        data.draw(st.sampled_from([_edit_rows, _edit_tables]))(bad, data.draw)
+    assert check_report(bad, case["trace"], case["config"], clauses=[]) == []   # the clauses judge it
+    found = [(v.request, v.event_index) for v in _verdicts("pages_cover_rows", bad, case)
+             if v.message.startswith("has fed")]
+    assert found == _short_at_every_snapshot(bad, case)
+
+
+def test_pages_cover_rows_forgets_a_short_table_at_preemption() -> None:
+    """A request's table shown empty from just before its preemption until it holds pages again: short
+    before the preemption, no longer short after it (it has fed nothing this incarnation), though the
+    snapshots show the same table."""
+    case, report = next((case, report) for case, report in REPORTS if case["name"] == "preempt_tight")
+    bad = copy.deepcopy(report)
+    events = bad["events"]
+    emptied = 0
+    for k, ev in enumerate(events):
+        if ev["event"] != "preempted":
+            continue
+        rid = ev["id"]
+        held = [j for j, s in enumerate(events[:k]) if s["event"] == "snapshot" and s["block_tables"].get(rid)]
+        for s in events[held[-1]:] if held else ():
+            if s["event"] == "snapshot":
+                if s["time"] > ev["time"] and s["block_tables"].get(rid):
+                    break
+                s["block_tables"][rid] = []
+                emptied += 1
+    assert emptied, "the workload preempts no request that held pages"
+    found = [(v.request, v.event_index) for v in _verdicts("pages_cover_rows", bad, case)
+             if v.message.startswith("has fed")]
+    assert found and found == _short_at_every_snapshot(bad, case)
