@@ -9,7 +9,8 @@ here twice on edited reports, with its shortcut and with the shortcut
 refusing every request (the walk alone), and must find the same violations.
 ``pages_cover_rows`` looks again at each snapshot only at the requests whose
 page need or block table changed; on edited rows and tables it must find the
-requests short of pages that looking at every admitted one finds.
+requests short of pages, and the tables held by requests neither admitted nor
+draining, that looking at every request in every snapshot finds.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ def test_rows_past_the_last_output_are_judged() -> None:
 
 def _edit_tables(report: dict[str, Any], draw: Callable[[Any], Any]) -> None:
     """One edit of a snapshot's block tables: a table shorter, gone, or given to another request."""
+    ids = sorted(report["requests"])
     events = report["events"]
     snapshots = [ev for ev in events if ev["event"] == "snapshot" and ev["block_tables"]]
     if not snapshots:
@@ -130,11 +132,12 @@ def _edit_tables(report: dict[str, Any], draw: Callable[[Any], Any]) -> None:
     elif edit == "gone":
         del tables[rid]
     else:
-        tables[rid + "-moved"] = tables.pop(rid)
+        tables[draw(st.sampled_from(ids))] = tables.pop(rid)
 
 
-def _short_at_every_snapshot(report: dict[str, Any], case: dict[str, Any]) -> list[tuple[str, int]]:
-    """(request, snapshot) where an admitted or draining request's table is short of its rows, every one
+def _at_every_snapshot(report: dict[str, Any], case: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """("short", request, snapshot) where an admitted or draining request's table is short of its rows, and
+    ("held", request, snapshot) where a request neither admitted nor draining holds pages, every request
     looked at in every snapshot."""
     ix = ReportIndex(report, case["trace"], case["config"])
     replay, found = Replay(), []
@@ -143,9 +146,21 @@ def _short_at_every_snapshot(report: dict[str, Any], case: dict[str, Any]) -> li
         if ev["event"] == "snapshot":
             tables = ev["block_tables"]
             for members in (replay.members["active"], replay.members["draining"]):
-                found += [(rid, i) for rid in sorted(members)
+                found += [("short", rid, i) for rid in sorted(members)
                           if len(tables.get(rid, ())) < -(-replay.fed.get(rid, 0) // ix.bs)]
+            found += [("held", rid, i) for rid, table in tables.items()
+                      if table and rid in ix.arrivals and replay.state.get(rid) not in ("active", "draining")]
         replay.advance(ev)
+    return found
+
+
+def _pages_cover_rows_found(report: dict[str, Any], case: dict[str, Any]) -> list[tuple[str, str, int]]:
+    found = []
+    for v in _verdicts("pages_cover_rows", report, case):
+        if v.message.startswith("has fed"):
+            found.append(("short", v.request, v.event_index))
+        elif " while " in v.message:
+            found.append(("held", v.request, v.event_index))
     return found
 
 
@@ -157,9 +172,7 @@ def test_pages_cover_rows_finds_every_short_table(data: st.DataObject, pick: int
     for _ in range(edits):
         data.draw(st.sampled_from([_edit_rows, _edit_tables]))(bad, data.draw)
     assert check_report(bad, case["trace"], case["config"], clauses=[]) == []   # the clauses judge it
-    found = [(v.request, v.event_index) for v in _verdicts("pages_cover_rows", bad, case)
-             if v.message.startswith("has fed")]
-    assert found == _short_at_every_snapshot(bad, case)
+    assert _pages_cover_rows_found(bad, case) == _at_every_snapshot(bad, case)
 
 
 def test_pages_cover_rows_forgets_a_short_table_at_preemption() -> None:
@@ -182,6 +195,5 @@ def test_pages_cover_rows_forgets_a_short_table_at_preemption() -> None:
                 s["block_tables"][rid] = []
                 emptied += 1
     assert emptied, "the workload preempts no request that held pages"
-    found = [(v.request, v.event_index) for v in _verdicts("pages_cover_rows", bad, case)
-             if v.message.startswith("has fed")]
-    assert found and found == _short_at_every_snapshot(bad, case)
+    found = _pages_cover_rows_found(bad, case)
+    assert found and found == _at_every_snapshot(bad, case)
