@@ -18,12 +18,15 @@ from hypothesis.stateful import run_state_machine_as_test
 from pytest_cbatch.lifecycle import MAX_FAILURES, PARTS, lifecycle_verdicts
 from pytest_cbatch.lifecycle import verdicts as verdicts_module
 from pytest_cbatch.lifecycle.clauses import StoppedViolation
-from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of
+from pytest_cbatch.sandbox import (
+    IsolatedImplementation, KitGuard, Limits, LoadSpec, bwrap_problem, lifecycle_verdicts_of, submission_files,
+)
 from pytest_cbatch.sandbox import search as searching
 from pytest_cbatch.sandbox.process import SandboxTimeout
 from pytest_cbatch.sandbox.protocol import native_copy, search_settings, settings_document
 from pytest_cbatch.sandbox.proxies import LiveChannel
 from pytest_cbatch.sandbox.search import SearchChannel, SearchDiverged, run_search, searched
+from grading_samples import make_samples
 from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
     BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, TAMPERS, isolated, parametrize_broken as pytest_generate_tests,
     part_of,
@@ -242,8 +245,14 @@ def test_a_submission_that_stops_its_childs_search_is_judged_one_request_at_a_ti
 
 
 @pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}")
-def test_parts_are_searched_inside_bubblewrap(ways: Ways) -> None:
-    impl = isolated(REFERENCE, mode="bwrap")
+def test_parts_are_searched_inside_bubblewrap(ways: Ways, tmp_path: Path) -> None:
+    """As grading runs a student's folder: bubblewrap leaves the kit's reference out, and the child's search
+    imports none of it (it once did, through the contract package, and every part of every graded submission
+    was judged again one request at a time)."""
+    make_samples(tmp_path, only=("correct",))
+    folder = str(tmp_path / "correct")
+    impl = IsolatedImplementation("correct", LoadSpec(folder, submission_files(folder)), Limits(), mode="bwrap",
+                                  guard=KitGuard())
     try:
         verdicts, note = lifecycle_verdicts_of(impl, "recompute", Settings(SETTINGS, max_examples=4))
     finally:
