@@ -144,7 +144,7 @@ def test_submissions_and_other_results_are_untouched(graded) -> None:
 
 def test_gradescope_mode_and_a_rerun_reuse_nothing_stale(tmp_path: Path) -> None:
     rubric = tmp_path / "rubric.toml"
-    rubric.write_text('[grading]\ngenerated_examples = 0\nlifecycle_examples = 4\nnumerics = "off"\n'
+    rubric.write_text('[grading]\ngenerated_examples = 0\nparts = ["scheduler"]\n'
                       '[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n', encoding="utf-8")
     make_samples(tmp_path, only=("buggy_itl",))
     (tmp_path / "buggy_itl").rename(tmp_path / "submission")
