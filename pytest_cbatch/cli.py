@@ -364,7 +364,7 @@ def _explain_lifecycle(argv: list[str]) -> int:
     profile = settings(max_examples=max(1, args.examples), derandomize=True, database=None, deadline=None)
     verdicts = lifecycle_verdicts(args.lifecycle, impl.namespace, profile,
                                   bounds=Bounds(seconds=args.timeout, time_option="--timeout"))
-    failed = [(cid, v.message) for cid, v in verdicts.items() if v.status == "fail"]
+    failed = [(cid, v.message, v.steps) for cid, v in verdicts.items() if v.status == "fail"]
     rerun = "cbatch explain " + " ".join(shlex.quote(a) for a in ("--impl", args.impl, "--lifecycle", args.lifecycle,
                                                                    "--examples", str(args.examples), "--html", args.html))
     with open(args.html, "w", encoding="utf-8") as fh:

@@ -168,42 +168,61 @@ LIFECYCLE_MESSAGE = """[lifecycle.cow_isolation] after pool.append('a', 0): pin 
     # PagedKV: the classes of the implementation under test
     pool = PagedKV(2, 2)
     pool.create('a')
-    pool.append('a', 0)
-    _ = pool.pin('a', 'p0')
-    with suppress(KeyError): pool.read('b')
-    pool.append('a', 0)
-    r0 = RecomputeRequest(pool, 'r0', [0])
-    _ = r0.resume()
-    manager = TransferManager(pool)
-    assert [t for p in pool.transfers['p0'] for t in pool.pages[p].tokens] == [0]
+    try: _ = pool.pin('a', 'p0')
+    except (ValueError,): pass
+    else: raise AssertionError(f'returned {_!r}, expected ValueError')
 """
-RECOMPUTE_SCRIPT = """pool = PagedKV(2, 3)
-r0 = RecomputeRequest(pool, 'r0', [0])
-_ = r0.resume()
-r0.sample(100)
-r0.sample(101)
-r0.sample(102)
-r0.preempt()
-_ = r0.resume()
-assert pool.read('r0') == [0, 100, 101], pool.read('r0')
-"""
+BRIEF_SEARCH = {"max_examples": 5, "derandomize": True, "database": None, "deadline": None}
 
 
-def test_a_lifecycle_script_is_replayed_on_the_contracts_model_without_running_it() -> None:
-    steps = steps_of(script_of(LIFECYCLE_MESSAGE))
-    codes = [code for code, _pool, _why in steps]
-    assert codes[0] == "pool = PagedKV(2, 2)" and len(steps) == 10
-    free = [pool.free() if pool else None for _code, pool, _why in steps]
-    assert free[:8] == [2, 2, 1, 1, 1, 0, 0, 0]  # the copy-on-write append takes the second page; no room to resume
-    assert free[8:] == [None, None] and "a call of TransferManager" in steps[8][2]
-    replayed = steps_of(RECOMPUTE_SCRIPT)
-    assert [pool.free() for _code, pool, _why in replayed] == [2, 2, 1, 1, 1, 1, 2, 1, 1]
-    assert replayed[-1][1].history("r0") == [0, 100, 101]  # what resume() must rebuild: prompt + outputs[:-1]
-    page = lifecycle_page(heading="lifecycle allocator", failures=[("lifecycle.cow_isolation", LIFECYCLE_MESSAGE)],
-                          rerun="pytest -k lifecycle")
-    assert page.count('class="fail"') == 1 and "fails here" in page and "0 free of 2" in page
-    hostile = LIFECYCLE_MESSAGE.replace("'a'", repr(HOSTILE))
-    assert HOSTILE not in lifecycle_page(heading=HOSTILE, failures=[(HOSTILE, hostile)], rerun=HOSTILE)
+def _rows(page: str) -> list[str]:
+    """The step rows of a lifecycle page's tables."""
+    return re.findall(r"<tr[^>]*><td>\d+</td>.*?</tr>", page, re.S)
+
+
+def test_a_transfer_failure_draws_the_pool_after_every_step_from_the_kits_model() -> None:
+    from hypothesis import settings
+
+    from pytest_cbatch.examples.broken_lifecycle import abort_frees_immediately
+    from pytest_cbatch.lifecycle import lifecycle_verdicts
+
+    verdict = lifecycle_verdicts("transfer", abort_frees_immediately, settings(**BRIEF_SEARCH))["lifecycle.abort_retains"]
+    assert verdict.status == "fail" and [line for line, _ in verdict.steps] == script_of(verdict.message).splitlines()
+    steps = steps_of(*zip(*verdict.steps))
+    assert steps[0][0].startswith("pool = PagedKV(") and all(pool is not None for _code, pool in steps)
+    begun = next(pool for code, pool in steps if "manager.begin(" in code and not code.startswith("with "))
+    # the implementation's names, as the machine accepted them: the destination owner and both pins
+    owners = {o for o, _count in begun.tables} - {"s0", "s1"}
+    pins = {p for _owners, page_pins, _rows in begun.pages for p in page_pins}
+    assert len(owners) == 1 and len(pins) == 2 and begun.free() < begun.capacity
+    aborted = next(pool for code, pool in steps if "manager.abort(" in code)
+    assert not {o for o, _count in aborted.tables} & owners and pins <= {p for _o, ps, _r in aborted.pages for p in ps}
+    page = lifecycle_page(heading="lifecycle transfer", rerun="pytest -k transfer",
+                          failures=[("lifecycle.abort_retains", verdict.message, verdict.steps)])
+    rows = _rows(page)
+    assert len(rows) == len(steps) and all("<svg" in row and " free of " in row for row in rows), rows
+    assert "not drawn" not in page and page.count('class="fail"') == 1 and "fails here" in rows[-1]
+    assert any("pinned by" in row for row in rows)
+
+
+def test_a_lifecycle_page_escapes_and_clips_the_names_the_implementation_chose() -> None:
+    from pytest_cbatch.lifecycle.oracle import PoolState
+
+    long_name = HOSTILE * 40
+    pool = PoolState(4, ((("s0",), (HOSTILE,), 2), ((long_name,), (HOSTILE, long_name), 1)), (("s0", 1), (long_name, 1)))
+    steps = [("pool = PagedKV(4, 2)", pool), (f"t1 = manager.begin('s0', {HOSTILE!r})", pool)]
+    page = lifecycle_page(heading=HOSTILE, failures=[(HOSTILE, HOSTILE, steps)], rerun=HOSTILE)
+    assert HOSTILE not in page and "&lt;svg onload" in page and long_name[:300] not in page
+    assert tags_of(page).tags <= ALLOWED_TAGS and "onerror" not in tags_of(page).attributes
+    assert "2 free of 4" in page and page.count("pinned by") == 4
+
+
+def test_a_lifecycle_failure_known_by_its_text_alone_lists_its_steps_without_a_pool() -> None:
+    page = lifecycle_page(heading="lifecycle allocator", rerun="pytest -k lifecycle",
+                          failures=[("lifecycle.cow_isolation", LIFECYCLE_MESSAGE, ())])
+    rows = _rows(page)
+    assert len(rows) == 3 and "pool = PagedKV(2, 2)" in rows[0] and "fails here" in rows[-1]
+    assert "<svg" not in page and "carries no record of the pool" in page
 
 
 def test_a_graded_failure_is_html_on_gradescope_and_text_elsewhere() -> None:
@@ -240,7 +259,7 @@ def test_cbatch_explain_draws_a_lifecycle_part(tmp_path: Path) -> None:
     assert done.returncode == 1 and "fail  lifecycle.replay_no_refeed" in done.stdout, done.stdout + done.stderr
     page = out.read_text(encoding="utf-8")
     assert "lifecycle.replay_no_refeed" in page and page.count('class="fail"') == 1
-    assert "pool = PagedKV(" in page
+    assert "pool = PagedKV(" in page and all("<svg" in row for row in _rows(page))  # the pool after every step
 
 
 def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:

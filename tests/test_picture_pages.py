@@ -1,8 +1,8 @@
 """The pages real failures leave, one of each kind, opened in headless Chromium.
 
-A contract clause on a fixed workload, a generated trace and a lifecycle part (the pytest plugin) and a graded
-submission (its page beside results.json, and its Gradescope output as
-Gradescope would embed it).  Each opens with nothing on the browser's console (the page's
+A contract clause on a fixed workload, a generated trace and two lifecycle parts, recompute and transfer (the
+pytest plugin), and a graded submission (its page beside results.json, and its Gradescope output as
+Gradescope would embed it, for a contract clause and a clause of each of those lifecycle parts).  Each opens with nothing on the browser's console (the page's
 Content-Security-Policy would log any script or fetch it refused), and a screenshot shows the violation's
 marker.  The browser tests skip where Chromium is missing (tests/browser.py says how to install it).
 """
@@ -10,6 +10,7 @@ marker.  The browser tests skip where Chromium is missing (tests/browser.py says
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -22,7 +23,8 @@ from pytest_cbatch.contract import Violation
 from pytest_cbatch.grading.evaluate import Submission, grade_submission
 from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import load_rubric
-from pytest_cbatch.picture import failure_page
+from pytest_cbatch.lifecycle.oracle import PoolState
+from pytest_cbatch.picture import failure_page, lifecycle_page
 from pytest_cbatch.picture.markup import MARK
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.sandbox import LoadSpec
@@ -42,9 +44,11 @@ def simulate(*args, **kwargs):
     return report
 """
 FIGURE_X = 60
-KINDS = ("contract", "generated", "lifecycle", "graded", "gradescope", "gradescope-lifecycle")
-REFEED = """from pytest_cbatch.reference.scheduler_faults import PagedKV
+KINDS = ("contract", "generated", "lifecycle", "transfer", "graded", "gradescope", "gradescope-lifecycle",
+         "gradescope-transfer")
+FAULTS = """from pytest_cbatch.reference.scheduler_faults import PagedKV
 from pytest_cbatch.reference.scheduler_faults import RecomputeRequest as Reference
+from pytest_cbatch.reference.scheduler_faults import TransferManager as ReferenceManager
 
 
 class RecomputeRequest(Reference):
@@ -54,6 +58,14 @@ class RecomputeRequest(Reference):
         if resumed and replay and self.outputs and self.pool.free:
             self.pool.append(self.owner, self.outputs[-1])  # feeds the pending sample a second time
         return resumed
+
+
+class TransferManager(ReferenceManager):
+    def abort(self, key, reason="cancel"):
+        aborted = super().abort(key, reason)
+        if aborted:
+            self.pool.unpin(self.records[key].destination_pin)  # frees the destination before the drain
+        return aborted
 """
 needs_chromium = pytest.mark.skipif(chromium() is None, reason=SKIP_REASON)
 
@@ -73,15 +85,17 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     failures = project / ".cbatch-failures"
     assert f"picture: {failures / 'budget_respected-demo.html'}" in run.stdout, run.stdout[-3000:]
     others = [f"--ignore={p}" for p in suite_dir().glob("test_*.py") if p.name != "test_lifecycle.py"]
+    (project / "faults").mkdir()
+    (project / "faults" / "scheduler_faults.py").write_text(FAULTS, encoding="utf-8")
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--hypothesis-profile=brief",
-                          "--cbatch-impl=pytest_cbatch.examples.broken_lifecycle:replay_refeed", *others,
-                          "-k", "recompute"], cwd=project, capture_output=True, text=True, timeout=600)
-    lifecycle = failures / "lifecycle-recompute.html"
-    assert f"picture: {lifecycle}" in run.stdout, run.stdout[-3000:]
+                          "--cbatch-impl=./faults", *others, "-k", "recompute or transfer"],
+                         cwd=project, capture_output=True, text=True, timeout=600)
+    lifecycle, transfer = failures / "lifecycle-recompute.html", failures / "lifecycle-transfer.html"
+    assert f"picture: {lifecycle}" in run.stdout and f"picture: {transfer}" in run.stdout, run.stdout[-3000:]
     graded = _graded(root)
     return {"contract": failures / "budget_respected-demo.html",
             "generated": failures / "budget_respected-generated-reserve.html",
-            "lifecycle": lifecycle, **graded}
+            "lifecycle": lifecycle, "transfer": transfer, **graded}
 
 
 def _graded(root: Path) -> dict[str, Path]:
@@ -90,7 +104,7 @@ def _graded(root: Path) -> dict[str, Path]:
     folder.mkdir()
     source = folder / "scheduler_sim.py"
     source.write_text(OVERRUN, encoding="utf-8")
-    (folder / "scheduler_faults.py").write_text(REFEED, encoding="utf-8")
+    (folder / "scheduler_faults.py").write_text(FAULTS, encoding="utf-8")
     rubric = root / "rubric.toml"
     rubric.write_text('[grading]\nparts = ["scheduler", "lifecycle"]\ngenerated_examples = 0\nlifecycle_examples = 5\n'
                       'sandbox = "process"\nkit_imports = "allow"\n[limits]\ncall_seconds = 120\n[tests]\n"contract.*" = { points = 1 }\n'
@@ -108,7 +122,8 @@ def _graded(root: Path) -> dict[str, Path]:
     outputs = {t["name"]: t["output"] for t in doc["tests"]}
     embedded = {}
     for kind, name in (("gradescope", "contract.budget_respected"),
-                       ("gradescope-lifecycle", "lifecycle.replay_no_refeed")):
+                       ("gradescope-lifecycle", "lifecycle.replay_no_refeed"),
+                       ("gradescope-transfer", "lifecycle.abort_retains")):
         embedded[kind] = root / f"{kind}.html"  # the test's output in a bare page: none of the kit's style sheet
         embedded[kind].write_text(f"<!DOCTYPE html><html><body>{outputs[name]}</body></html>", encoding="utf-8")
     written = sorted(out.glob("budget_respected-*.html"))
@@ -131,6 +146,15 @@ def test_gradescope_shows_a_failing_test_as_html_and_a_passing_one_as_text(pages
     assert passing and all("output_format" not in t for t in passing)
     lifecycle = next(t for t in doc["tests"] if t["name"] == "lifecycle.replay_no_refeed")
     assert lifecycle["output_format"] == "html" and "fails here" in lifecycle["output"]
+
+
+@pytest.mark.parametrize("kind", ("transfer", "gradescope-transfer"))
+def test_a_transfer_failure_draws_the_pool_after_every_step(pages: dict[str, Path], kind: str) -> None:
+    text = pages[kind].read_text(encoding="utf-8")
+    rows = re.findall(r"<tr[^>]*><td>\d+</td>.*?</tr>", text, re.S)
+    calls = [row for row in rows if "manager.begin(" in row or "manager.abort(" in row]
+    assert calls and all("<svg" in row and " free of " in row for row in rows), rows
+    assert "not drawn" not in text and "pinned by" in text and "fails here" in rows[-1]
 
 
 @needs_chromium
@@ -156,6 +180,13 @@ def test_a_page_of_hostile_values_runs_and_loads_nothing_in_chromium(tmp_path: P
     problems, dom = console_problems(path)
     assert not problems, problems
     assert "<img" not in dom and "<script" not in dom and "&lt;/script&gt;&lt;img src=x" in dom
+    pool = PoolState(2, (((hostile,), (hostile + "/source", hostile + "/destination"), 1),), ((hostile, 1),))
+    path = tmp_path / "hostile-lifecycle.html"  # a transfer manager names its destination owner and pins itself
+    path.write_text(lifecycle_page(heading=hostile, failures=[(hostile, hostile, [(hostile, pool)])], rerun=hostile),
+                    encoding="utf-8")
+    problems, dom = console_problems(path)
+    assert not problems, problems
+    assert "<img" not in dom and "<script" not in dom and "pinned by &lt;/script&gt;" in dom
 
 
 @needs_chromium

@@ -412,16 +412,16 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
     from ..lifecycle import LIFECYCLE_CLAUSES, PART_CLAUSES, PARTS, missing_parts
 
     namespace = impl.namespace
-    merged: dict[str, tuple[str, str]] = {}
+    merged: dict[str, tuple[str, str, tuple[tuple[str, Any], ...]]] = {}
     missing = missing_parts(namespace)
     for part in PARTS:
         if part in missing:
             notes.append(f"lifecycle {part}: not graded: {missing[part]}")
             continue
-        for cid, (status, message) in _part_verdicts(part, impl, rubric.lifecycle_examples, notes).items():
+        for cid, (status, message, steps) in _part_verdicts(part, impl, rubric.lifecycle_examples, notes).items():
             old = merged.get(cid)
             if old is None or _RANK[status] > _RANK[old[0]]:
-                merged[cid] = (status, f"[{part}] {message}".rstrip())
+                merged[cid] = (status, f"[{part}] {message}".rstrip(), steps)
     tests = []
     program = getattr(impl, "sources", {}).get("simulate", "")   # "exec:COMMAND" for a program submission
     for cid in LIFECYCLE_CLAUSES:
@@ -430,23 +430,23 @@ def _lifecycle_tests(impl: Implementation, rubric: Rubric, notes: list[str]) -> 
             absent = _program_lacks(program) if program.startswith("exec:") else _absent(parts, namespace)
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=absent))
             continue
-        status, message = merged[cid]
+        status, message, steps = merged[cid]
         if status == "skip":
             reason = message.replace("not judged: ", "", 1)
             tests.append(TestResult(cid, False, "", tags=["lifecycle"], unjudged=reason))
             continue
         text = {"pass": "passed", "fail": "failed", "error": "not judged (the run broke down)"}[status]
         tests.append(TestResult(cid, status == "pass", f"{text}: {message}" if message else text, tags=["lifecycle"],
-                                picture=_lifecycle_picture(cid, message) if status == "fail" else None))
+                                picture=_lifecycle_picture(cid, message, steps) if status == "fail" else None))
     return tests
 
 
-def _lifecycle_picture(cid: str, message: str) -> str:
+def _lifecycle_picture(cid: str, message: str, steps: tuple[tuple[str, Any], ...]) -> str:
     """A failing lifecycle clause's steps, the failing one marked, the pool after each (an HTML fragment; the
     test's text follows it on Gradescope)."""
     from ..picture.lifecycle import lifecycle_section
 
-    return lifecycle_section(cid, message.partition("] ")[2] if message.startswith("[") else message,
+    return lifecycle_section(cid, message.partition("] ")[2] if message.startswith("[") else message, steps,
                              with_text=False)
 
 
@@ -478,8 +478,10 @@ def _program_lacks(program: str) -> str:
             f"points)")
 
 
-def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[str]) -> dict[str, tuple[str, str]]:
-    """{clause: (status, message)} for one lifecycle part: ``lifecycle_verdicts`` under the grading settings.
+def _part_verdicts(part: str, impl: Implementation, examples: int,
+                   notes: list[str]) -> dict[str, tuple[str, str, tuple[tuple[str, Any], ...]]]:
+    """{clause: (status, message, steps)} for one lifecycle part: ``lifecycle_verdicts`` under the grading
+    settings (``steps``: a failing clause's replay with the pool after each line, for its picture).
 
     A sandboxed submission's child runs each search ahead (``sandbox.search``), streaming its requests
     and answers while the grader judges the same search; should the child's record ever differ, the
@@ -495,7 +497,7 @@ def _part_verdicts(part: str, impl: Implementation, examples: int, notes: list[s
     verdicts, note = lifecycle_verdicts_of(impl, part, settings)
     if note:
         notes.append(note)
-    return {cid: (verdict.status, verdict.message[:_NOTES_LIMIT]) for cid, verdict in verdicts.items()}
+    return {cid: (verdict.status, verdict.message[:_NOTES_LIMIT], verdict.steps) for cid, verdict in verdicts.items()}
 
 
 # ------------------------------------------------------------------ numerics

@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from .oracle import PoolOracle, PoolState
+
 __all__ = ["ABORT_REASONS", "LIFECYCLE", "LIFECYCLE_CLAUSES", "PARTS", "PART_CLAUSES", "LifecycleClause",
            "LifecycleViolation", "StoppedViolation"]
 
@@ -355,10 +357,13 @@ class LifecycleViolation(AssertionError):
     """A lifecycle clause failed; ``clause`` is its id and the message starts with ``[clause]``.
 
     ``replay`` is a runnable Python script (the operations of the failing run,
-    ending with the step that shows the violation).
+    ending with the step that shows the violation).  ``pools`` holds, for each
+    line of ``replay``, the contract's model of the pool after it (a copy of
+    the machine's ``PoolOracle``, None before the pool exists; empty when not
+    given); ``steps`` is what the picture of the failure draws from.
     """
 
-    def __init__(self, clause: str, message: str, replay: str) -> None:
+    def __init__(self, clause: str, message: str, replay: str, pools: tuple[PoolOracle | None, ...] = ()) -> None:
         super().__init__(
             f"[{clause}] {message}\n  clause: {LIFECYCLE_CLAUSES[clause]}\n"
             "  replay (runnable Python; its last line fails on this implementation):\n"
@@ -367,6 +372,13 @@ class LifecycleViolation(AssertionError):
         self.clause = clause
         self.detail = message
         self.replay = replay
+        self.pools = pools
+
+    def steps(self) -> tuple[tuple[str, PoolState | None], ...]:
+        """Each line of the replay with the model's pool after it (``PoolState``; None where ``pools`` has none)."""
+        lines = self.replay.splitlines()
+        pools = [*self.pools, *[None] * len(lines)]
+        return tuple((line, None if pool is None else pool.state()) for line, pool in zip(lines, pools))
 
 
 class StoppedViolation(BaseException):

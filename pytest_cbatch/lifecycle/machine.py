@@ -182,6 +182,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.halted = False
         self.failed = False
         self.script: list[str] = list(self.header)
+        self.after: list[PoolOracle | None] = [None] * max(len(self.header) - 1, 0)  # see ``record``
         self.pool: Any = None
         self.oracle = PoolOracle(1, 1)  # replaced by start_pool
         self.started = False
@@ -204,7 +205,15 @@ class LifecycleMachine(RuleBasedStateMachine):
             raise _Halted(clause)
         self.failed = True
         self.shortest.note(len(self.script))
-        raise LifecycleViolation(clause, message, "\n".join([*self.script, *replay]))
+        raise self.violation(clause, message, replay)
+
+    def violation(self, clause: str, message: str, replay: tuple[str, ...]) -> LifecycleViolation:
+        """The violation of ``clause``: its replay is the script so far, then ``replay``; with the oracle's
+        pool after each line (the lines from the script's last on see the pool as it is now)."""
+        lines = "\n".join([*self.script, *replay]).splitlines()
+        now = self.oracle.copy() if self.started else None
+        pools = [*self.after, *[now] * (len(lines) - len(self.after))][: len(lines)]
+        return LifecycleViolation(clause, message, "\n".join(lines), tuple(pools))
 
     def hold(self, clause: str) -> None:
         """Note that a check of ``clause`` ran to its end and held on this run (see ``held``)."""
@@ -217,12 +226,16 @@ class LifecycleMachine(RuleBasedStateMachine):
             stack = getattr(exc, "stack", "")  # a sandbox child's stack shortly before the limit, if it sent one
             where = ("\n  its stack when it was stopped (most recent call last):\n"
                      + "\n".join("  " + line for line in stack.rstrip().splitlines())) if stack else ""
-            stop = StoppedViolation(LifecycleViolation(clause, f"{code} did not return: {exc}{where}",
-                                                       "\n".join([*self.script, code])))
+            stop = StoppedViolation(self.violation(clause, f"{code} did not return: {exc}{where}", (code,)))
             self.stops.append(stop)  # should Hypothesis report its own error for the example this cuts short
             raise stop
 
     def record(self, line: str) -> None:
+        """Append ``line`` to the script.  Every step brings the oracle up to date before the next line is
+        recorded, so the oracle now is the pool after the line before: ``after`` keeps a copy of it (None
+        while there is no pool) for every line but the last."""
+        if self.script:
+            self.after.extend([self.oracle.copy() if self.started else None] * (1 + self.script[-1].count("\n")))
         self.script.append(line)
 
     def observe(self, clause: str, expr: str, fn: Callable[[], Any], *, data: bool = True) -> Any:

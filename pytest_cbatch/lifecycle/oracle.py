@@ -11,13 +11,29 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Hashable
+from dataclasses import dataclass
 
-__all__ = ["PoolOracle", "pages_for"]
+__all__ = ["PoolOracle", "PoolState", "pages_for"]
 
 
 def pages_for(rows: int, block_size: int) -> int:
     """Pages that ``rows`` fresh rows fill."""
     return -(-rows // block_size)
+
+
+@dataclass(frozen=True)
+class PoolState:
+    """The oracle's pool at one moment, as a picture draws it: ``pages`` lists each live page's owners, pins
+    (each sorted by ``repr``) and row count, in page order; ``tables`` each owner's page count.  Names the
+    implementation chose (a transfer's destination owner and pins) are here only once the machine accepted
+    them as plain data."""
+
+    capacity: int
+    pages: tuple[tuple[tuple[Hashable, ...], tuple[Hashable, ...], int], ...]
+    tables: tuple[tuple[Hashable, int], ...]
+
+    def free(self) -> int:
+        return self.capacity - len(self.pages)
 
 
 class PoolOracle:
@@ -48,6 +64,20 @@ class PoolOracle:
 
     def has_placeholders(self, owner: Hashable) -> bool:
         return any(row is None for row in self.history(owner))
+
+    def copy(self) -> PoolOracle:
+        """A copy to read (a snapshot): later operations on this pool leave it as it was."""
+        out = PoolOracle(self.capacity, self.block_size)
+        out.tables = {owner: list(table) for owner, table in self.tables.items()}
+        out.pins = dict(self.pins)
+        out.rows = {page: list(rows) for page, rows in self.rows.items()}
+        return out
+
+    def state(self) -> PoolState:
+        """The pool as it is now (``PoolState``)."""
+        pages = tuple((tuple(sorted(self.owners_of(page), key=repr)), tuple(sorted(self.pins_of(page), key=repr)),
+                       len(rows)) for page, rows in sorted(self.rows.items()))
+        return PoolState(self.capacity, pages, tuple((owner, len(table)) for owner, table in self.tables.items()))
 
     # ------------------------------------------------------------ operations
 

@@ -13,6 +13,7 @@ from hypothesis.stateful import RuleBasedStateMachine, run_state_machine_as_test
 from ..bounded import Bounds, bounded_machine
 from .allocator import allocator_machine
 from .clauses import PART_CLAUSES, PARTS, LifecycleViolation, StoppedViolation
+from .oracle import PoolState
 from .recompute import recompute_machine
 from .transfer import transfer_machine
 
@@ -47,10 +48,13 @@ MACHINES: dict[str, Callable[..., type[RuleBasedStateMachine]]] = {
 class Verdict:
     """One clause's verdict: ``status`` is ``pass`` (judged, and it held), ``fail``, ``skip`` (not judged,
     ``message`` says why, naming the failing clause that kept it from being judged, if one did) or ``error``
-    (the run broke down outside any clause, for example a non-deterministic implementation)."""
+    (the run broke down outside any clause, for example a non-deterministic implementation).  A failing
+    clause's ``steps`` are its replay's lines, each with the contract's model of the pool after it
+    (``LifecycleViolation.steps``): what its picture draws."""
 
     status: str
     message: str = ""
+    steps: tuple[tuple[str, PoolState | None], ...] = ()
 
 
 def missing_parts(impl: object) -> dict[str, str]:
@@ -190,7 +194,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
             violation = _first_violation(part, namespace, frozenset(verdicts), stages, held, bounds, wrap, search)
         except StoppedViolation as stop:
             clause = stop.violation.clause
-            verdicts.setdefault(clause, Verdict("fail", str(stop.violation)))
+            verdicts.setdefault(clause, Verdict("fail", str(stop.violation), stop.violation.steps()))
             rest = Verdict("skip", f"not judged: the {part} part stopped at a call that did not return in time "
                                    f"({clause})")
             return {cid: verdicts.get(cid, rest) for cid in clauses}
@@ -206,7 +210,7 @@ def lifecycle_verdicts(part: str, namespace: object, settings: Settings | None =
             return {cid: verdicts.get(cid) or (Verdict("pass") if cid in held else
                                               _unjudged(part, verdicts, 4 * config.max_examples))
                     for cid in clauses}
-        verdicts[violation.clause] = Verdict("fail", str(violation))
+        verdicts[violation.clause] = Verdict("fail", str(violation), violation.steps())
     skipped = Verdict("skip", f"not judged: the {part} part stopped after {max_failures} failing clauses")
     return {cid: verdicts.get(cid, skipped) for cid in clauses}
 

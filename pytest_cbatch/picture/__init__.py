@@ -92,12 +92,13 @@ def failure_page(*, spec: str, clause: str, workload: str, violations: Sequence[
                          replay=replay, text=text)
 
 
-def lifecycle_page(*, heading: str, failures: Sequence[tuple[str, str]], rerun: str) -> str:
-    """The page of a lifecycle part: for each failing clause (id, message), its steps, the failing one marked,
-    the pool's pages after each step."""
+def lifecycle_page(*, heading: str, failures: Sequence[tuple[str, str, Sequence[tuple[str, Any]]]],
+                   rerun: str) -> str:
+    """The page of a lifecycle part: for each failing clause (id, message, steps: its ``Verdict.steps``), its
+    steps, the failing one marked, the pool's pages after each step."""
     from .lifecycle import lifecycle_section
 
-    body = [lifecycle_section(cid, message) for cid, message in failures[:MAX_PINS]]
+    body = [lifecycle_section(cid, message, steps) for cid, message, steps in failures[:MAX_PINS]]
     if len(failures) > MAX_PINS:
         body.append(note(f"{len(failures) - MAX_PINS} more failing clauses (in the text)."))
     if not failures:

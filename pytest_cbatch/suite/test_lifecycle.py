@@ -66,7 +66,7 @@ def test_lifecycle(part: str, cbatch_impl: Any, cbatch_state: CbatchState, reque
         from pytest_cbatch.picture import lifecycle_page
 
         return lifecycle_page(heading=f"lifecycle {part}: {len(failed)} clause(s) fail with {cbatch_impl.spec}",
-                              failures=[(cid, v.message) for cid, v in failed.items()], rerun=rerun)
+                              failures=[(cid, v.message, v.steps) for cid, v in failed.items()], rerun=rerun)
 
     lines.append(picture_line(cbatch_state, f"lifecycle-{part}.html", page))
     pytest.fail("\n".join(lines), pytrace=False)
