@@ -28,6 +28,7 @@ pytest.importorskip("aiohttp", reason="the live client needs the live extra")
 
 from pytest_cbatch.contract import CLAIMS, check_report  # noqa: E402
 from pytest_cbatch.impls import resolve_impl  # noqa: E402
+from pytest_cbatch.live.local_server import ServerStartError, running  # noqa: E402
 from pytest_cbatch.reference.scheduler_sim import demo_trace  # noqa: E402
 from pytest_cbatch.workloads import BASE_CONFIG  # noqa: E402
 
@@ -47,10 +48,10 @@ def _get_json(url: str) -> Any:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     work = tmp_path_factory.mktemp("serve-live")
     try:
-        with serve.running(["-m", "cbatch_transformers.serve", "--work", str(work)], work,
-                           startup_seconds=STARTUP_SECONDS) as url:
+        with running(["-m", "cbatch_transformers.serve", "--work", str(work)], work,
+                     startup_seconds=STARTUP_SECONDS) as url:
             yield url
-    except serve.ServerStartError as exc:
+    except ServerStartError as exc:
         pytest.fail(str(exc))
 
 

@@ -11,7 +11,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
@@ -19,7 +19,8 @@ pytest.importorskip("transformers", reason="transformers is not installed here: 
                                            ".ci/transformers-venv and run .ci/transformers-job")
 model_path = pytest.importorskip("cbatch_transformers.model_path", reason="the transformers adapter is not "
                                                                          "installed: pip install -e examples/transformers")
-serve = pytest.importorskip("cbatch_transformers.serve")
+
+from pytest_cbatch.live.local_server import ServerStartError, post_json as _post, running  # noqa: E402
 
 REPO = "cbatch/tiny-llama"
 STARTUP_SECONDS = 240
@@ -28,15 +29,6 @@ STARTUP_SECONDS = 240
 def _get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=10) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-
-
-def _post(url: str, body: dict[str, Any]) -> tuple[int, str]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
@@ -51,9 +43,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
             "--continuous-batching", "--device", "cpu", "--dtype", "float32", "--attn-implementation", "sdpa",
             "--cb-num-blocks", "64", "--cb-block-size", "16", "--cb-max-batch-tokens", "128", "--host", "127.0.0.1"]
     try:
-        with serve.running(args, work, startup_seconds=STARTUP_SECONDS) as url:
+        with running(args, work, startup_seconds=STARTUP_SECONDS) as url:
             yield url, model
-    except serve.ServerStartError as exc:
+    except ServerStartError as exc:
         pytest.fail(f"transformers serve: {exc}")
 
 

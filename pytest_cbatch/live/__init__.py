@@ -5,7 +5,7 @@ Modules (one concept each): ``sse`` (data frames and token counting),
 formulas), ``replay`` (the ``http://`` implementation), ``load``,
 ``invariance``, ``engine`` (the reference ``Scheduler`` in wall-clock
 ticks), ``backends`` and ``tiny`` (token producers), ``prometheus``,
-``server``, ``plot`` and ``cli``.
+``server``, ``local_server`` (an engine's server started for a test or a job), ``plot`` and ``cli``.
 
 Importing this package imports nothing beyond the standard library; the
 modules that need aiohttp or matplotlib import them through :func:`require`,

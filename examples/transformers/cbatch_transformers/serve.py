@@ -16,17 +16,11 @@ runs may be a step old; the abort checks poll it until it settles.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 REPO = "cbatch/tiny-llama"
 REVISION = "0" * 40
@@ -39,54 +33,6 @@ def place_in_hub_cache(model_dir: Path, hf_home: Path, repo: str = REPO) -> str:
     (root / "refs" / "main").write_text(REVISION)
     shutil.copytree(model_dir, root / "snapshots" / REVISION, dirs_exist_ok=True)
     return repo
-
-
-class ServerStartError(RuntimeError):
-    """The server exited or did not answer ``/health`` in time (the message has its log's tail)."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def running(args: list[str], work: Path, *, startup_seconds: float = 240) -> Iterator[str]:
-    """Run ``python ARGS... --port PORT`` (a server on 127.0.0.1) offline with ``HF_HOME=work/hf-home``,
-    its output in ``work/server.log``; yield its URL once ``/health`` answers; stop its process group
-    (SIGTERM, then SIGKILL) on exit.  ServerStartError when it exits or is not ready in time."""
-    env = {**os.environ, "HF_HOME": str(work / "hf-home"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "HF_HUB_DISABLE_UPDATE_CHECK": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_CACHE", None)
-    port = free_port()
-    log_path = work / "server.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + startup_seconds
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise ServerStartError(f"the server exited {proc.returncode}:\n{log_path.read_text()[-2000:]}")
-            try:
-                urllib.request.urlopen(url + "/health", timeout=5).close()
-                break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise ServerStartError(f"the server did not answer /health in {startup_seconds:g} s:\n"
-                                       f"{log_path.read_text()[-2000:]}")
-            time.sleep(0.5)
-        yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=20)
 
 
 def scheduler_state(serve: Any) -> dict[str, Any]:
