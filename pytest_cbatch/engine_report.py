@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-__all__ = ["engine_report", "row_phase", "dispatch_event"]
+__all__ = ["EventLog", "engine_report", "row_phase", "dispatch_event"]
 
 TERMINAL = ("finished", "cancelled", "rejected")
 
@@ -67,3 +67,27 @@ def dispatch_event(t: int, rows: Sequence[tuple[str, str, int]], token_budget: i
     work = [{"id": rid, "phase": phase, "input_tokens": n} for rid, phase, n in rows]
     used = sum(n for _, _, n in rows)
     return {"time": t, "event": "dispatch", "work": work, "unused_budget": token_budget - used}
+
+
+class EventLog:
+    """The events an engine adapter records in order, with the dispatch counts its report's summary
+    needs (``dispatches``, ``fed``): ``emit`` one event, ``dispatch`` one forward pass."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.dispatches = 0
+        self.fed = 0
+
+    def emit(self, t: int, kind: str, rid: str | None = None, **fields: Any) -> None:
+        """Record the event ``kind`` at ``t`` (naming request ``rid`` when given) with ``fields``."""
+        event: dict[str, Any] = {"time": t, "event": kind}
+        if rid is not None:
+            event["id"] = rid
+        event.update(fields)
+        self.events.append(event)
+
+    def dispatch(self, t: int, rows: Sequence[tuple[str, str, int]], token_budget: int) -> None:
+        """Record the dispatch of ``rows`` (request id, phase, input tokens) at ``t`` and count it."""
+        self.dispatches += 1
+        self.fed += sum(n for _, _, n in rows)
+        self.events.append(dispatch_event(t, rows, token_budget))

@@ -16,9 +16,8 @@ each snapshot share one replay instead of each walking the events again.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass, field
-from itertools import groupby
+from itertools import groupby, repeat
 from operator import itemgetter
 from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
@@ -160,19 +159,21 @@ def short(values: Sequence[Any], limit: int = 12) -> str:
     return f"[{text}{', ...' if len(values) > limit else ''}]"
 
 
-_FIRST, _SECOND, _TIME = itemgetter(0), itemgetter(1), itemgetter("time")
+_FIRST = itemgetter(0)
 
 
 class ReportIndex:
     """A report cross-referenced with its trace, built in one pass over the events.
 
-    ``seq[id]`` lists, in event order, ``(event_index, kind, payload)`` for every
-    event naming the request; dispatch rows appear as kind ``"row"`` with the
-    work item as payload.  ``steps`` lists the index of every event but tokens
-    and extensions (``x-...``), in order, whatever id it names; ``kinds[kind]``
+    For each trace request the pass records, as compact lists in event order:
+    its token events (``tokens``: event indices, with ``token_times`` and
+    ``output_indices`` beside them), its dispatch rows (``rows_of``: the
+    dispatch's index, input tokens and phase of each), and its other events
+    (``marks``).  ``steps`` lists the index of every event but tokens and
+    extensions (``x-...``), in order, whatever id it names; ``kinds[kind]``
     those of one kind.  ``replaying`` names the ``at=`` clauses the shared
     replay serves (None: every one).  Nothing here judges the report; the
-    clauses do.
+    clauses do, most of them from these lists without walking the events again.
     """
 
     def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
@@ -196,7 +197,6 @@ class ReportIndex:
         self.replaying: Collection[str] | None = None
         self._replayed: dict[str, list[Violation]] = {}
         self._tables: BlockTables | None = None
-        self._token_times: dict[str, list[float]] = {}
         self._frame_times: dict[str, list[float]] = {}
         self.arrivals: dict[str, dict[str, Any]] = {}
         self.cancels: dict[str, list[int]] = {}
@@ -211,31 +211,34 @@ class ReportIndex:
         self.largest: dict[str, int] = {
             rid: required_blocks(line["prompt_tokens"], line["output_tokens"], self.bs)
             for rid, line in self.arrivals.items()}
-        self.seq: dict[str, list[tuple[int, str, Any]]] = {rid: [] for rid in self.arrivals}
         self.unknown: dict[str, int] = {}
         self._terminal: dict[str, tuple[int, str]] = {}
-        self._tokens: dict[str, list[tuple[int, dict[str, Any]]]] = {rid: [] for rid in self.arrivals}
+        self._tokens: dict[str, tuple[list[int], list[Any], list[Any]]] = {
+            rid: ([], [], []) for rid in self.arrivals}
+        self._rows: dict[str, tuple[list[int], list[Any], list[Any]]] = {rid: ([], [], []) for rid in self.arrivals}
         self._marks: dict[str, list[tuple[int, str]]] = {rid: [] for rid in self.arrivals}
         self.steps: list[int] = []
         self.kinds: dict[str, list[int]] = {kind: [] for kind in EVENT_KINDS}
         self.dispatches: list[int] = self.kinds["dispatch"]
         self.snapshots: list[int] = self.kinds["snapshot"]
-        # The one pass over the events: everything the clauses look up per request is filled in here.
+        # The one pass over the events: everything the clauses look up per request is filled in here, while
+        # each event is in the cache (reading the events again per request, in another order, costs more).
         # The input tokens each dispatch feeds (its rows summed in order), in the order of ``dispatches``.
         self.dispatch_fed: list[Any] = []
-        seq, unknown, terminal, tokens, marks = self.seq, self.unknown, self._terminal, self._tokens, self._marks
+        unknown, terminal, tokens, rows, marks = self.unknown, self._terminal, self._tokens, self._rows, self._marks
         dispatch_fed = self.dispatch_fed
         steps, kinds = self.steps, self.kinds
         for i, ev in enumerate(self.events):
             kind = ev["event"]
             if kind == "token":
                 rid = ev["id"]
-                target = seq.get(rid)
+                target = tokens.get(rid)
                 if target is None:
                     unknown.setdefault(rid, i)
                 else:
-                    target.append((i, kind, ev))
-                    tokens[rid].append((i, ev))
+                    target[0].append(i)
+                    target[1].append(ev["time"])
+                    target[2].append(ev["output_index"])
                 continue
             if kind.startswith("x-"):
                 continue
@@ -244,22 +247,24 @@ class ReportIndex:
             if kind == "dispatch":
                 fed = 0
                 for row in ev["work"]:
-                    fed += row["input_tokens"]
+                    n = row["input_tokens"]
+                    fed += n
                     rid = row["id"]
-                    target = seq.get(rid)
+                    target = rows.get(rid)
                     if target is None:
                         unknown.setdefault(rid, i)
                     else:
-                        target.append((i, "row", row))
+                        target[0].append(i)
+                        target[1].append(n)
+                        target[2].append(row["phase"])
                 dispatch_fed.append(fed)
             elif kind != "snapshot":
                 rid = ev["id"]
-                target = seq.get(rid)
+                target = marks.get(rid)
                 if target is None:
                     unknown.setdefault(rid, i)
                     continue
-                target.append((i, kind, ev))
-                marks[rid].append((i, kind))
+                target.append((i, kind))
                 if kind in TERMINAL:
                     terminal.setdefault(rid, (i, kind))
 
@@ -305,9 +310,21 @@ class ReportIndex:
         """Event indices of the request's events of ``kinds`` (not tokens or rows), in order."""
         return [i for i, kind in self._marks[rid] if kind in kinds]
 
-    def position(self, rid: str, i: int) -> int:
-        """Where in ``seq[rid]`` the request's first entry of event ``i`` (or the first after it) is."""
-        return bisect_left(self.seq[rid], i, key=itemgetter(0))
+    def first_event(self, rid: str) -> int | None:
+        """The index of the first event naming the request (a token, a dispatch row or another), if any."""
+        firsts = [entries[0] for entries in (self._tokens[rid][0], self._rows[rid][0]) if entries]
+        if self._marks[rid]:
+            firsts.append(self._marks[rid][0][0])
+        return min(firsts, default=None)
+
+    def sequence(self, rid: str) -> list[tuple[int, str, Any]]:
+        """Every event naming the request, in event order, as ``(event index, kind, payload)``: a dispatch row
+        is kind ``"row"`` with its input tokens as payload; tokens and other events have None."""
+        at, fed, _ = self._rows[rid]
+        merged = [*((i, kind, None) for i, kind in self._marks[rid]), *zip(at, repeat("row"), fed),
+                  *zip(self._tokens[rid][0], repeat("token"), repeat(None))]
+        merged.sort(key=_FIRST)   # stable: a dispatch's two rows for one request keep their order
+        return merged
 
     def violation(self, cid: str, message: str, rid: str | None = None, i: int | None = None) -> Violation:
         return Violation(cid, message, rid, i, None if i is None else self.events[i]["time"])
@@ -316,16 +333,17 @@ class ReportIndex:
         """(event index, kind) of the request's first terminal event, if any."""
         return self._terminal.get(rid)
 
-    def tokens(self, rid: str) -> list[tuple[int, dict[str, Any]]]:
-        """(event index, event) of the request's token events, in order."""
-        return self._tokens[rid]
+    def tokens(self, rid: str) -> list[int]:
+        """The event indices of the request's token events, in order."""
+        return self._tokens[rid][0]
 
     def token_times(self, rid: str) -> list[float]:
         """The times of the request's token events, in order."""
-        times = self._token_times.get(rid)
-        if times is None:
-            times = self._token_times[rid] = list(map(_TIME, map(_SECOND, self._tokens[rid])))
-        return times
+        return self._tokens[rid][1]
+
+    def output_indices(self, rid: str) -> list[Any]:
+        """The output_index of each of the request's token events, in order."""
+        return self._tokens[rid][2]
 
     def frame_times(self, rid: str) -> list[float]:
         """The distinct times at which the request's tokens arrived (one per data frame), in order."""
@@ -333,6 +351,11 @@ class ReportIndex:
         if times is None:
             times = self._frame_times[rid] = list(map(_FIRST, groupby(self.token_times(rid))))
         return times
+
+    def rows_of(self, rid: str) -> tuple[list[int], list[Any], list[Any]]:
+        """The request's dispatch rows, in order, as three lists: each row's dispatch (event index), its
+        input_tokens and its phase."""
+        return self._rows[rid]
 
     def rows(self) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
         """(id, trace arrival line, requests-table row) for each trace request the table has."""

@@ -11,6 +11,7 @@ index's one replay; the block tables are read once, as changes
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import Any, Iterator, Mapping
 
 from .core import TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short
@@ -239,13 +240,10 @@ def _held_at_end(ix: ReportIndex, rid: str) -> bool:
         return False
     if ix.block_tables().last_holding.get(rid, -1) > end:
         return True
-    seq = ix.seq[rid]
-    for k in range(ix.position(rid, end) - 1, -1, -1):
-        if seq[k][1] == "row":   # a row feeds at least one token (the schema's minimum)
-            return True
-        if seq[k][1] == "preempted":
-            return False
-    return False
+    # A row (which feeds at least one token, the schema's minimum) after its last preemption before that end.
+    rows = ix.rows_of(rid)[0]
+    last_row = rows[bisect_left(rows, end) - 1] if rows and rows[0] < end else -1
+    return last_row > max((i for i in ix.of(rid, "preempted") if i < end), default=-1)
 
 
 @clause("release_once_after_delay",
@@ -265,7 +263,7 @@ def _held_at_end(ix: ReportIndex, rid: str) -> bool:
 def _release_once_after_delay(ix: ReportIndex) -> Iterator[Violation]:
     cid = "release_once_after_delay"
     delay = ix.cfg["release_delay"]
-    for rid in ix.seq:
+    for rid in ix.arrivals:
         releases = ix.of(rid, "release")
         if not ix.of(rid, "admit"):
             if releases:

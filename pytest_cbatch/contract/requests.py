@@ -7,6 +7,7 @@ kinds each one must observe.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from itertools import islice
 from operator import itemgetter, le
 from typing import Iterator
@@ -14,7 +15,6 @@ from typing import Iterator
 from .core import TERMINAL, Replay, ReportIndex, Violation, clause, short
 
 _MISSING = object()
-_EVENT, _OUTPUT_INDEX = itemgetter(1), itemgetter("output_index")
 
 
 @clause("config_recorded",
@@ -69,8 +69,9 @@ def _arrival_matches_trace(ix: ReportIndex) -> Iterator[Violation]:
         elif seen and row["arrival"] != ix.time(seen[0]):
             yield ix.violation(cid, f"requests.arrival: expected {ix.time(seen[0])} (its arrival event), got "
                                     f"{row['arrival']}", rid)
-        if seen and ix.seq[rid][0][0] < seen[0]:   # seq is in event order
-            yield ix.violation(cid, "an event for this request comes before its arrival", rid, ix.seq[rid][0][0])
+        first = ix.first_event(rid)
+        if seen and first < seen[0]:
+            yield ix.violation(cid, "an event for this request comes before its arrival", rid, first)
 
 
 @clause("time_monotonic", "Event times never go backwards.",
@@ -140,16 +141,21 @@ def _terminal_exactly_once(ix: ReportIndex) -> Iterator[Violation]:
             "events[*].event": "the only events naming it are cancel_ignored and release",
         })
 def _no_event_after_terminal(ix: ReportIndex) -> Iterator[Violation]:
-    for rid, seq in ix.seq.items():
+    for rid in ix.arrivals:
         end = ix.terminal(rid)
         if end is None:
             continue
-        for i, kind, _ in islice(seq, ix.position(rid, end[0] + 1), None):
-            if kind not in ("cancel_ignored", "release") and kind not in TERMINAL:
-                what = "a dispatch row" if kind == "row" else f"a {kind} event"
-                yield ix.violation("no_event_after_terminal",
-                                   f"{what} after it {end[1]} at t={ix.time(end[0])}", rid, i)
-                break
+        # The first event after the end that may not follow it: a token, a dispatch row or another event.
+        tokens, rows = ix.tokens(rid), ix.rows_of(rid)[0]
+        k, j = bisect_right(tokens, end[0]), bisect_right(rows, end[0])
+        late = [(tokens[k], "a token event")] if k < len(tokens) else []
+        if j < len(rows):
+            late.append((rows[j], "a dispatch row"))
+        late += [(i, f"a {kind} event") for i, kind in ix.marks(rid)
+                 if i > end[0] and kind not in ("cancel_ignored", "release") and kind not in TERMINAL][:1]
+        if late:
+            i, what = min(late)
+            yield ix.violation("no_event_after_terminal", f"{what} after it {end[1]} at t={ix.time(end[0])}", rid, i)
 
 
 @clause("ttft_matches_tokens",
@@ -174,12 +180,12 @@ def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
                 yield ix.violation("ttft_matches_tokens", f"no token was emitted: expected ttft_ticks null, got "
                                                           f"{row['ttft_ticks']}", rid)
         else:
-            first, arrived = ix.time(tokens[0][0]), ix.arrived_at(rid)
+            first, arrived = ix.time(tokens[0]), ix.arrived_at(rid)
             expected = first - arrived
             if row["ttft_ticks"] is None or abs(row["ttft_ticks"] - expected) > (1e-9 if ix.seconds else 0):
                 yield ix.violation("ttft_matches_tokens", f"expected ttft_ticks {expected} (first token t={first} "
                                                           f"- arrival t={arrived}), got {row['ttft_ticks']}",
-                                   rid, tokens[0][0])
+                                   rid, tokens[0])
 
 
 @clause("ttft_null_on_cancel",
@@ -196,11 +202,11 @@ def _ttft_matches_tokens(ix: ReportIndex) -> Iterator[Violation]:
             "requests.*.token_times": "empty token_times",
         })
 def _ttft_null_on_cancel(ix: ReportIndex) -> Iterator[Violation]:
-    for rid, seq in ix.seq.items():
+    for rid in ix.arrivals:
         end = ix.terminal(rid)
         if end is None or end[1] != "cancelled":
             continue
-        late = [i for i, _ in ix.tokens(rid)]
+        late = ix.tokens(rid)
         if late and late[0] < end[0]:
             continue
         row = ix.report["requests"].get(rid)
@@ -300,13 +306,13 @@ def _finished_outputs_complete(ix: ReportIndex) -> Iterator[Violation]:
                 yield ix.violation("finished_outputs_complete", f"finished after {len(tokens)} of {want} requested "
                                                                 f"tokens", rid, end[0])
             else:
-                last, done = ix.time(tokens[-1][0]), ix.time(end[0])
+                last, done = ix.time(tokens[-1]), ix.time(end[0])
                 if done < last or (done != last and not ix.seconds):
                     yield ix.violation("finished_outputs_complete", f"finished at t={done}, last token at t={last}",
                                        rid, end[0])
         elif len(tokens) >= want:
             yield ix.violation("finished_outputs_complete", f"emitted {len(tokens)} tokens of {want} requested but "
-                                                            f"is not finished", rid, tokens[-1][0])
+                                                            f"is not finished", rid, tokens[-1])
 
 
 @clause("queue_ticks_consistent",
@@ -340,14 +346,14 @@ def _queue_ticks_consistent(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
     for rid in ix.arrivals:
-        tokens = ix.tokens(rid)
-        if list(map(_OUTPUT_INDEX, map(_EVENT, tokens))) == list(range(1, len(tokens) + 1)):
+        indices = ix.output_indices(rid)
+        if indices == list(range(1, len(indices) + 1)):
             continue
-        for k, (i, ev) in enumerate(tokens, start=1):
-            if ev["output_index"] != k:
-                kind = "repeats an index already emitted" if ev["output_index"] < k else "skips an index"
+        for k, (i, index) in enumerate(zip(ix.tokens(rid), indices), start=1):
+            if index != k:
+                kind = "repeats an index already emitted" if index < k else "skips an index"
                 yield ix.violation("no_duplicate_emission", f"token #{k} of this request has output_index "
-                                                            f"{ev['output_index']} ({kind}); expected {k}", rid, i)
+                                                            f"{index} ({kind}); expected {k}", rid, i)
                 break
 
 
@@ -367,7 +373,7 @@ def _no_duplicate_emission(ix: ReportIndex) -> Iterator[Violation]:
         })
 def _cancel_idempotent(ix: ReportIndex) -> Iterator[Violation]:
     cid = "cancel_idempotent"
-    for rid in ix.seq:
+    for rid in ix.arrivals:
         marks = ix.marks(rid)
         asked = ix.cancels.get(rid, [])
         answers = [(i, kind, ix.events[i]) for i, kind in marks if kind in ("cancelled", "cancel_ignored")]
@@ -427,7 +433,7 @@ def _impossible_rejected(ix: ReportIndex) -> Iterator[Violation]:
             if ended == "rejected":
                 yield ix.violation(cid, f"rejected although it needs only {need} of {ix.capacity} pages", rid, end[0])
             continue
-        ran = next(((i, kind) for i, kind, _ in ix.seq[rid] if kind in ("admit", "row")), None)
+        ran = next(((i, kind) for i, kind, _ in ix.sequence(rid) if kind in ("admit", "row")), None)
         if ran is not None:
             what = "admitted" if ran[1] == "admit" else "given a dispatch row"
             yield ix.violation(cid, f"needs {need} pages alone, capacity is {ix.capacity}, yet it was {what}",

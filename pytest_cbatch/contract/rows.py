@@ -6,7 +6,8 @@ They need the engine's dispatch events, so client-side reports skip them.
 from __future__ import annotations
 
 from bisect import bisect_left
-from operator import itemgetter
+from itertools import accumulate, repeat
+from operator import sub
 from typing import Iterator
 
 from .core import TERMINAL, ReportIndex, Violation, clause
@@ -26,10 +27,12 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
     cid = "pending_sample_fed_once"
     for rid, line in ix.arrivals.items():
         prompt = line["prompt_tokens"]
+        if _fed_as_emitted(ix, rid, prompt):
+            continue
         fed = 0
         rows = prompt   # the rows that exist to feed: prompt + outputs emitted so far
-        for i, kind, ev in ix.seq[rid]:
-            if kind == "token":   # tokens first: most entries are tokens
+        for i, kind, n in ix.sequence(rid):
+            if kind == "token":
                 if fed != rows:
                     emitted = rows - prompt + 1
                     yield ix.violation(cid, f"output {emitted} emitted after {fed} input rows this incarnation; "
@@ -37,13 +40,34 @@ def _pending_sample_fed_once(ix: ReportIndex) -> Iterator[Violation]:
                     break
                 rows += 1
             elif kind == "row":
-                fed += ev["input_tokens"]
+                fed += n
                 if fed > rows:
                     yield ix.violation(cid, f"rows fed reach {fed} with prompt {prompt} and {rows - prompt} outputs "
                                             f"emitted: at most {rows} rows exist to feed", rid, i)
                     break
             elif kind == "preempted":
                 fed = 0
+
+
+def _fed_as_emitted(ix: ReportIndex, rid: str, prompt: int) -> bool:
+    """Whether the request passes pending_sample_fed_once, found without walking its events.
+
+    Within an incarnation its rows' running total only grows (a row feeds at least one token, the schema's
+    minimum), so when each output k follows exactly prompt + k - 1 rows of its incarnation, a row followed by
+    an output of the same incarnation fed no more than existed; only each incarnation's rows after its last
+    output remain, and the last of them fed the most.
+    """
+    tokens, (at, fed, _) = ix.tokens(rid), ix.rows_of(rid)
+    preempted = ix.of(rid, "preempted")
+    total = [0, *accumulate(fed)]   # total[j]: what the first j rows fed, whatever the incarnation
+    starts = [0, *map(bisect_left, repeat(at), preempted), len(at)]   # each incarnation's first row, and the end
+    fed_before = list(map(total.__getitem__, map(bisect_left, repeat(at), tokens)))   # before each output
+    if preempted:   # less what the incarnations before each output's fed
+        since = list(map(total.__getitem__, starts[:-1]))
+        fed_before = list(map(sub, fed_before, map(since.__getitem__, map(bisect_left, repeat(preempted), tokens))))
+    return fed_before == list(range(prompt, prompt + len(tokens))) and all(
+        total[end] - total[start] <= prompt + bisect_left(tokens, at[end - 1])
+        for start, end in zip(starts, starts[1:]) if end > start)
 
 
 @clause("lifecycle_order",
@@ -67,10 +91,13 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
     state: dict[str, str] = {}
     arrivals = ix.arrivals
     active = 0
+    rows_admitted = all(map(_rows_while_admitted, repeat(ix), arrivals))   # then no row needs a look below
     for i in ix.steps:   # tokens change no request's state
         ev = ix.events[i]
         kind = ev["event"]
         if kind == "dispatch":
+            if rows_admitted:
+                continue
             for row in ev["work"]:
                 rid = row["id"]
                 if rid in arrivals and state.get(rid) != "active":
@@ -100,6 +127,23 @@ def _lifecycle_order(ix: ReportIndex) -> Iterator[Violation]:
             if now == "active":
                 active -= 1
             state[rid] = "ended"
+
+
+def _rows_while_admitted(ix: ReportIndex, rid: str) -> bool:
+    """Whether every dispatch row of the request falls while lifecycle_order sees it admitted: after an admit
+    and before the next arrival, preemption or terminal event naming it."""
+    rows = ix.rows_of(rid)[0]
+    inside = 0
+    since = None   # the admit that made it active, while it is
+    for i, kind in ix.marks(rid):
+        if kind == "admit":
+            since = i if since is None else since
+        elif since is not None and (kind in ("arrival", "preempted") or kind in TERMINAL):
+            inside += bisect_left(rows, i) - bisect_left(rows, since)
+            since = None
+    if since is not None:
+        inside += len(rows) - bisect_left(rows, since)
+    return inside == len(rows)
 
 
 @clause("budget_respected",
@@ -140,8 +184,11 @@ def _budget_respected(ix: ReportIndex) -> Iterator[Violation]:
 def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
     cid = "row_shape"
     chunk = ix.cfg["prefill_chunk"]
+    if all(ix.events[i]["work"] for i in ix.dispatches) and all(
+            _rows_well_formed(ix, rid, line["prompt_tokens"], chunk) for rid, line in ix.arrivals.items()):
+        return
     fed: dict[str, int] = {}
-    first_token = {rid: tokens[0][0] for rid in ix.arrivals if (tokens := ix.tokens(rid))}
+    first_token = {rid: tokens[0] for rid in ix.arrivals if (tokens := ix.tokens(rid))}
     prompts = {rid: line["prompt_tokens"] for rid, line in ix.arrivals.items()}
     preempted: set[str] = set()
     for i in ix.steps:
@@ -167,7 +214,7 @@ def _row_shape(ix: ReportIndex) -> Iterator[Violation]:
                 problem = None
                 if phase == "decode":
                     if n != 1 or done < prompt or first_token.get(rid, i) >= i:
-                        emitted = bisect_left(ix.tokens(rid), i, key=itemgetter(0))
+                        emitted = bisect_left(ix.tokens(rid), i)
                         problem = (f"decode row of {n} tokens after {done} of {prompt} prompt rows and "
                                    f"{emitted} outputs; a decode row feeds 1 token once the prompt is "
                                    f"fed and an output exists")
@@ -201,3 +248,33 @@ def _input_tokens_accounted(ix: ReportIndex) -> Iterator[Violation]:
     if summary["dispatches"] != len(ix.dispatches):
         yield ix.violation("input_tokens_accounted", f"summary.dispatches {summary['dispatches']}, "
                                                      f"{len(ix.dispatches)} dispatch events")
+
+
+def _rows_well_formed(ix: ReportIndex, rid: str, prompt: int, chunk: int) -> bool:
+    """Whether no row of the request can break row_shape, found per incarnation without walking the events.
+
+    A sufficient test, for the common shape (the walk judges whatever it does not clear): at most one row per
+    dispatch; in each incarnation recompute rows (only after a preemption), then prefill rows, then decode
+    rows, each row within prefill_chunk; the prefill rows' running total only grows (a row feeds at least one
+    token, the schema's minimum), so the last of them stays within the prompt; the first decode row comes
+    after the prompt is fed and after the first output, and every decode row feeds 1 token.
+    """
+    at, fed, phases = ix.rows_of(rid)
+    if len(set(at)) != len(at):
+        return False
+    tokens = ix.tokens(rid)
+    cuts = [0, *map(bisect_left, repeat(at), ix.of(rid, "preempted")), len(at)]
+    for k, (start, end) in enumerate(zip(cuts, cuts[1:])):
+        shape, sizes = phases[start:end], fed[start:end]
+        recompute, prefill = shape.count("recompute"), shape.count("prefill")
+        first_decode = recompute + prefill
+        if (recompute and not k) or shape[:recompute].count("recompute") != recompute \
+                or shape[recompute:first_decode].count("prefill") != prefill:
+            return False
+        done = sum(sizes[:first_decode])
+        if first_decode and (max(sizes[:first_decode]) > chunk or (prefill and done > prompt)):
+            return False
+        if first_decode < len(sizes) and (sizes[first_decode:].count(1) != len(sizes) - first_decode
+                                          or done < prompt or not tokens or tokens[0] >= at[start + first_decode]):
+            return False
+    return True

@@ -8,6 +8,8 @@ judges the report.
 
 from __future__ import annotations
 
+from itertools import compress
+from operator import ne
 from typing import Any, Mapping, Sequence
 
 __all__ = ["BlockTables"]
@@ -39,23 +41,22 @@ class BlockTables:
         last = -1   # the snapshot before
         for i in snapshots:
             tables = events[i]["block_tables"]
-            changed = self.changed[i] = []
+            # Most tables are as the snapshot before showed them: compared in C, looked at only when changed.
+            changed = self.changed[i] = list(compress(tables, map(ne, map(before.get, tables), tables.values())))
             new = 0   # ids this snapshot shows and the one before did not
-            for rid, table in tables.items():
-                old = before.get(rid)
-                if old != table:
-                    changed.append(rid)
-                    new += old is None
-                    if old and table[:len(old)] == old:   # the common change: pages appended
-                        self._count(table[len(old):], 1)
-                    else:
-                        self._count(old or (), -1)
-                        self._count(table, 1)
-                    if old and not table:   # it held pages until the snapshot before
-                        self.last_holding[rid] = last
-                    limit = limits.get(rid)
-                    if limit is not None:
-                        over += (len(table) > limit) - (old is not None and len(old) > limit)
+            for rid in changed:
+                table, old = tables[rid], before.get(rid)
+                new += old is None
+                if old and table[:len(old)] == old:   # the common change: pages appended
+                    self._count(table[len(old):], 1)
+                else:
+                    self._count(old or (), -1)
+                    self._count(table, 1)
+                if old and not table:   # it held pages until the snapshot before
+                    self.last_holding[rid] = last
+                limit = limits.get(rid)
+                if limit is not None:
+                    over += (len(table) > limit) - (old is not None and len(old) > limit)
             if len(before) > len(tables) - new:   # some id the snapshot before showed is gone
                 for rid in before.keys() - tables.keys():
                     gone = before[rid]

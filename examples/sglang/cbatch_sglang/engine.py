@@ -19,6 +19,7 @@ tokenizer and detokenizer is captured instead of sent.
 
 from __future__ import annotations
 
+import atexit
 import os
 from array import array
 from dataclasses import dataclass, field
@@ -32,19 +33,22 @@ from . import stand_ins  # noqa: E402
 
 stand_ins.install()
 
-import torch  # noqa: E402
 import sglang  # noqa: E402
+import torch  # noqa: E402
+import zmq  # noqa: E402
 from sglang.srt.distributed import parallel_state  # noqa: E402
 from sglang.srt.managers import scheduler as scheduler_module  # noqa: E402
-from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput  # noqa: E402
+from sglang.srt.managers.io_struct import AbortReq, GenerateReqInput, TokenizedGenerateReqInput  # noqa: E402
+from sglang.srt.managers.tokenizer_manager import TokenizerManager  # noqa: E402
 from sglang.srt.managers.tp_worker import TpModelWorker  # noqa: E402
-from sglang.srt.managers.utils import GenerationBatchResult  # noqa: E402
+from sglang.srt.managers.utils import GenerationBatchResult, compute_num_reserved_tokens  # noqa: E402
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator  # noqa: E402
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool  # noqa: E402
 from sglang.srt.model_executor.model_runner_components.ngram_embedding_manager import (  # noqa: E402
     NgramEmbeddingManager,
 )
+from sglang.srt.runtime_context import get_serving  # noqa: E402
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import PortArgs, ServerArgs  # noqa: E402
 
@@ -160,6 +164,30 @@ class _StandInWorker:
 _PENDING_SETTINGS: list[EngineSettings] = []
 
 
+def batch_rows(batch: Any) -> list[tuple[str, int, int]]:
+    """A ``ScheduleBatch``'s rows as (rid, tokens fed, tokens already in KV before), from its own
+    ``extend_lens`` / ``prefix_lens`` (extend) or ``seq_lens`` (decode: one token each)."""
+    if batch.forward_mode.is_extend():
+        return [(r.rid, int(n), int(p)) for r, n, p in zip(batch.reqs, batch.extend_lens, batch.prefix_lens)]
+    return [(r.rid, 1, int(s) - 1) for r, s in zip(batch.reqs, batch.seq_lens_cpu.tolist())]
+
+
+def _end_thread() -> bool:
+    raise SystemExit  # ends the calling thread quietly (threading ignores SystemExit)
+
+
+@atexit.register
+def _close_the_live_engine() -> None:
+    """The last Engine of a process is closed at exit too (its /dev/shm file would outlive it)."""
+    if Engine._live is not None:
+        Engine._live.close()
+
+
+def _tear_down() -> None:
+    parallel_state.destroy_model_parallel()
+    parallel_state.destroy_distributed_environment()
+
+
 def _init_stand_in_worker(self: Any) -> None:
     self.tp_worker = _StandInWorker(_StandInRunner(self.model_config, _PENDING_SETTINGS[-1]))
 
@@ -188,6 +216,11 @@ class Engine:
         Scheduler.init_tp_model_worker = _init_stand_in_worker
         try:
             self.sched = Scheduler(args, PortArgs.init_new(args))
+        except BaseException:
+            # A constructor stopped midway (an error, a time limit's interrupt) has built SGLang's
+            # process-wide parallel groups; without this no later Engine could build its own.
+            _tear_down()
+            raise
         finally:
             Scheduler.init_tp_model_worker = original
             _PENDING_SETTINGS.pop()
@@ -204,9 +237,25 @@ class Engine:
         self._aborts.append(output)
 
     def close(self) -> None:
-        """Tear down SGLang's process-wide parallel state so the next Engine can build its own."""
-        parallel_state.destroy_model_parallel()
-        parallel_state.destroy_distributed_environment()
+        """Give back what the Scheduler holds outside Python objects (its ZMQ context with its sockets
+        and I/O threads, its load-snapshot file in /dev/shm) and tear down SGLang's process-wide
+        parallel state so the next Engine can build its own: a run builds hundreds of engines."""
+        channels = self.sched.ipc_channels
+        sockets = [getattr(s, "socket", s) for s in (channels.recv_from_tokenizer, channels.recv_from_rpc,
+                                                      channels.send_to_tokenizer, channels.send_to_detokenizer,
+                                                      channels.send_metrics_from_scheduler)]
+        for context in {id(s.context): s.context for s in sockets if isinstance(s, zmq.Socket)}.values():
+            context.destroy(linger=0)
+        writer = self.sched.load_snapshot_writer
+        if writer is not None:
+            writer.close()
+            Path(getattr(writer, "path", "")).unlink(missing_ok=True)
+        # SGLang's watchdog threads never end and their callbacks hold the Scheduler (and through it its
+        # gloo groups and their sockets); they go idle with nothing of it, and end at their next look.
+        for dog in (getattr(self.sched, "watchdog", None), getattr(self.sched, "soft_watchdog", None)):
+            if dog is not None:
+                dog.is_active, dog.get_counter, dog.dump_info = _end_thread, int, None
+        _tear_down()
         Engine._live = None
 
     # -- requests ----------------------------------------------------------------
@@ -227,6 +276,24 @@ class Engine:
             token_type_ids=None, sampling_params=params, return_logprob=False, logprob_start_len=-1,
             top_logprobs_num=0, token_ids_logprob=None, stream=True))
 
+    def front_end_refusal(self, prompt_len: int, max_new_tokens: int) -> str | None:
+        """What SGLang's front end says to a request before it reaches the scheduler: the message of
+        ``TokenizerManager._validate_one_request`` (prompt, and prompt plus ``max_new_tokens``,
+        against the context length), or None when it passes.  Run on a ``TokenizerManager`` whose
+        ``__init__`` did not run, holding only the fields that method reads, with SGLang's own values."""
+        # A TokenizerManager's __init__ starts the server's sockets and tokenizer: only the fields read here.
+        front = TokenizerManager.__new__(TokenizerManager)
+        front.model_config, front.context_len = self.sched.model_config, self.sched.model_config.context_len
+        front.num_reserved_tokens = compute_num_reserved_tokens()
+        front.allow_auto_truncate, front.validate_total_tokens = get_serving().allow_auto_truncate, True
+        request = GenerateReqInput(input_ids=[SYNTHETIC_TOKEN] * prompt_len,
+                                   sampling_params={"max_new_tokens": max_new_tokens})
+        try:
+            TokenizerManager._validate_one_request(front, request, list(request.input_ids))
+        except ValueError as exc:
+            return str(exc)
+        return None
+
     def abort(self, rid: str) -> None:
         """``abort_request(AbortReq(rid))``, as a client disconnect reaches the scheduler."""
         self.sched.abort_request(AbortReq(rid=rid))
@@ -235,25 +302,39 @@ class Engine:
 
     def step(self) -> StepRecord:
         """One pass of ``event_loop_normal`` less the socket read."""
+        return self.run(self.schedule())
+
+    def schedule(self) -> Any:
+        """The first half of a loop pass: ``get_next_batch_to_run`` (admission, chunking, KV
+        allocation, retraction); returns the batch to run, or None.  The pool as it leaves it is
+        what the step's forward reads."""
         sched = self.sched
         plan = sched.get_next_batch_to_run(running_batch=sched.running_batch, last_batch=sched.last_batch)
         sched.running_batch = plan.running_batch
-        batch = plan.batch_to_run
+        return plan.batch_to_run
+
+    def run(self, batch: Any) -> StepRecord:
+        """The second half: ``run_batch`` and ``process_batch_result`` for ``batch`` (from
+        :meth:`schedule`), or ``on_idle`` without one; what SGLang sent out meanwhile."""
+        sched = self.sched
         rows: list[tuple[str, int, int]] = []
         if batch:
-            if batch.forward_mode.is_extend():
-                rows = [(r.rid, int(n), int(p)) for r, n, p in zip(batch.reqs, batch.extend_lens, batch.prefix_lens)]
-            else:
-                rows = [(r.rid, 1, int(s) - 1) for r, s in zip(batch.reqs, batch.seq_lens_cpu.tolist())]
+            rows = batch_rows(batch)
             result = sched.run_batch(batch)
             sched.process_batch_result(batch, result)
         else:
             sched.on_idle()
         sched.last_batch = batch
-        record = StepRecord(mode=batch.forward_mode.name if batch else None, rows=rows,
-                            outputs=self._outputs, aborts=self._aborts)
-        self._outputs, self._aborts = [], []
+        outputs, aborts = self.sent()
+        record = StepRecord(mode=batch.forward_mode.name if batch else None, rows=rows, outputs=outputs, aborts=aborts)
         return record
+
+    def sent(self) -> tuple[list[Any], list[Any]]:
+        """What SGLang sent since the last look: ``BatchTokenIDOutput`` messages to the detokenizer
+        and ``AbortReq`` messages to the tokenizer."""
+        outputs, aborts = self._outputs, self._aborts
+        self._outputs, self._aborts = [], []
+        return outputs, aborts
 
     # -- state -----------------------------------------------------------------------
 
@@ -266,24 +347,34 @@ class Engine:
     def running(self) -> list[str]:
         return [r.rid for r in self.sched.running_batch.reqs]
 
-    def pages(self) -> dict[str, list[int]]:
+    def pages(self, batch: Any = None) -> dict[str, list[int]]:
         """Each request holding KV rows: its page ids in logical order, read from SGLang's
-        ``req_to_token`` table (slot // page_size; page 0 is the allocator's padding page)."""
-        reqs = list(self.sched.running_batch.reqs) + list(self.sched.waiting_queue)
+        ``req_to_token`` table (slot // page_size; page 0 is the allocator's padding page).
+        ``batch``: the one :meth:`schedule` returned, whose requests may be in no queue yet."""
+        reqs = list(batch.reqs if batch else []) + list(self.sched.running_batch.reqs) + list(self.sched.waiting_queue)
         if self.sched.chunked_req is not None:
             reqs.append(self.sched.chunked_req)
         if self.sched.last_batch is not None:
             reqs.extend(self.sched.last_batch.reqs)
-        page = self.settings.page_size
         tables: dict[str, list[int]] = {}
         for req in reqs:
-            row = req.kv.req_pool_idx
-            if row is None or req.rid in tables:
-                continue
-            held = int(req.kv.kv_allocated_len)  # the request's slots are [0, kv_allocated_len) of its row
-            slots = self.sched.req_to_token_pool.req_to_token[int(row)][:held].tolist()
-            tables[req.rid] = list(dict.fromkeys(slot // page for slot in slots))
+            if req.rid not in tables and req.kv.req_pool_idx is not None:
+                tables[req.rid] = self.table(req)
         return tables
+
+    def table(self, req: Any) -> list[int]:
+        """``req``'s page ids in logical order ([] when it holds no KV row): its slots are
+        ``[0, kv_allocated_len)`` of its ``req_to_token`` row, and a slot's page is slot // page_size."""
+        row = req.kv.req_pool_idx
+        if row is None:
+            return []
+        held = int(req.kv.kv_allocated_len)
+        slots = self.sched.req_to_token_pool.req_to_token[int(row)][:held].tolist()
+        return list(dict.fromkeys(slot // self.settings.page_size for slot in slots))
+
+    def waiting_req(self, rid: str) -> Any:
+        """SGLang's ``Req`` for ``rid`` in ``waiting_queue``, or None."""
+        return next((req for req in self.sched.waiting_queue if req.rid == rid), None)
 
     def chunked(self) -> str | None:
         req = self.sched.chunked_req
