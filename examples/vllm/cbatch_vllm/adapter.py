@@ -68,7 +68,6 @@ __all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE
 CBATCH_NATIVE_CONFIG = {"release_delay": 0}
 CBATCH_ENGINE_LOGGERS = ("vllm",)
 
-CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
 MAX_MODEL_LEN_LIMIT = 8192  # max_position_embeddings of the shipped tiny llama config
 
 
