@@ -1,17 +1,60 @@
 """Assembling an engine adapter's report from the events it recorded (public helper for adapters).
 
-An adapter that drives a real engine tick by tick collects the contract's events; the report's
-requests table and summary counts follow from them and the request statuses alone, the same way
-for every engine, so adapters share this instead of each writing it.
+An adapter that drives a real engine tick by tick validates its trace and config
+(``engine_run_input``, ``pool_tokens``), records the contract's events (``EventLog``), wraps a
+failing engine step into one RuntimeError message (``engine_step``) and builds the report
+(``engine_report``): the report's requests table and summary counts follow from the events and the
+request statuses alone, the same way for every engine, so adapters share this instead of each
+writing it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-__all__ = ["EventLog", "engine_report", "row_phase", "dispatch_event"]
+from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
+
+__all__ = ["EventLog", "engine_report", "row_phase", "dispatch_event", "engine_run_input", "engine_step",
+           "pool_tokens"]
 
 TERMINAL = ("finished", "cancelled", "rejected")
+
+
+def engine_run_input(trace: Sequence[dict[str, Any]], *, capacity: int, block_size: int, token_budget: int,
+                     max_active: int, prefill_chunk: int, release_delay: int, policy: str,
+                     admission: str | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The validated kit config (``admission`` only when given) and the validated, sorted trace lines
+    of an engine run, in that order of checking; ValueError names the first bad setting or line."""
+    config: dict[str, Any] = {"capacity": capacity, "block_size": block_size, "token_budget": token_budget,
+                              "max_active": max_active, "prefill_chunk": prefill_chunk,
+                              "release_delay": release_delay, "policy": policy}
+    if admission is not None:
+        config["admission"] = admission
+    config = validate_config(config)
+    return config, validate_trace(trace)
+
+
+def pool_tokens(config: Mapping[str, Any], max_position_embeddings: int) -> int:
+    """``capacity * block_size`` of a validated kit config, the tokens the whole pool holds (an engine's
+    context length); NotImplementedError when the model's ``max_position_embeddings`` is smaller."""
+    tokens = config["capacity"] * config["block_size"]
+    if tokens > max_position_embeddings:
+        raise NotImplementedError(f"capacity * block_size = {tokens} exceeds the model's max_position_embeddings "
+                                  f"{max_position_embeddings}")
+    return tokens
+
+
+@contextmanager
+def engine_step(what: str, t: int, unfinished: Callable[[], str]) -> Iterator[None]:
+    """Any exception the engine's step ``what`` raises inside the block becomes a RuntimeError
+    "``what`` failed at tick ``t``: Type: message; unfinished: ...", chained to it; ``unfinished``
+    is asked for the requests still open only when the step fails."""
+    try:
+        yield
+    except Exception as exc:
+        raise RuntimeError(f"{what} failed at tick {t}: {type(exc).__name__}: {exc}; "
+                           f"unfinished: {unfinished()}") from exc
 
 
 def engine_report(*, config: Mapping[str, Any], arrivals: Mapping[str, Mapping[str, Any]],

@@ -17,6 +17,16 @@ settings.register_profile("brief", max_examples=5, derandomize=True, database=No
 """
 
 
+UNSHRUNK_PROFILE = """
+from hypothesis import HealthCheck, Phase, settings
+
+settings.register_profile("ci-unshrunk", max_examples=100, derandomize=True, database=None, deadline=None,
+                          stateful_step_count=50, phases=(Phase.explicit, Phase.generate),
+                          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                                 HealthCheck.filter_too_much])
+"""
+
+
 def pytest_addoption(parser):
     parser.addoption(
         "--run-slow",
@@ -40,6 +50,21 @@ def lifecycle_profile(request: pytest.FixtureRequest) -> list[str]:
     pytester = request.getfixturevalue("pytester")
     pytester.makeconftest(BRIEF_PROFILE)
     return ["--hypothesis-profile=brief"]
+
+
+@pytest.fixture
+def unshrunk_profile(request: pytest.FixtureRequest) -> list[str]:
+    """Arguments that give a pytester run the kit's ci profile without its shrink phase.
+
+    For a test that asks whether a derandomized search finds a bug, not how small its example gets: the
+    examples drawn, and so whether and where the search fails, are the ci profile's, and the failure names
+    the same clause; shrinking it took tens of seconds.  With --run-slow the run keeps the ci profile.
+    """
+    if request.config.getoption("--run-slow"):
+        return []
+    pytester = request.getfixturevalue("pytester")
+    pytester.makepyfile(cbatch_unshrunk=UNSHRUNK_PROFILE)  # a plugin (-p): also where no conftest is collected
+    return ["-p", "cbatch_unshrunk", "--hypothesis-profile=ci-unshrunk"]
 
 
 @pytest.fixture(scope="session", autouse=True)

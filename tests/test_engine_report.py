@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pytest_cbatch.engine_report import EventLog, engine_report
+import pytest
+
+from pytest_cbatch.engine_report import EventLog, engine_report, engine_run_input, engine_step, pool_tokens
 
 
 def test_an_event_log_records_events_in_order_and_counts_dispatches() -> None:
@@ -26,3 +28,44 @@ def test_an_event_without_a_request_names_none() -> None:
     log = EventLog()
     log.emit(2, "snapshot", active=[], queued=[])
     assert log.events == [{"time": 2, "event": "snapshot", "active": [], "queued": []}]
+
+
+DEMO = {"capacity": 8, "block_size": 4, "token_budget": 16, "max_active": 4, "prefill_chunk": 8, "release_delay": 0,
+        "policy": "continuous"}
+
+
+def test_a_run_input_is_the_validated_config_then_the_sorted_trace() -> None:
+    trace = [{"time": 1, "event": "cancel", "id": "a"}, {"time": 0, "event": "arrival", "id": "a",
+                                                          "prompt_tokens": 3, "output_tokens": 2}]
+    config, lines = engine_run_input(trace, **DEMO)
+    assert config == DEMO and "admission" not in config
+    assert [line["event"] for line in lines] == ["arrival", "cancel"]
+    assert engine_run_input(trace, **DEMO, admission="reserve")[0]["admission"] == "reserve"
+    with pytest.raises(ValueError, match="capacity"):  # the config is checked before the trace
+        engine_run_input([{"time": -1}], **{**DEMO, "capacity": 0})
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        engine_run_input([{**trace[1], "prompt_tokens": 0}], **DEMO)
+
+
+def test_a_pool_beyond_the_model_context_is_unsupported() -> None:
+    assert pool_tokens(DEMO, 32) == 32
+    with pytest.raises(NotImplementedError,
+                       match=r"^capacity \* block_size = 32 exceeds the model's max_position_embeddings 31$"):
+        pool_tokens(DEMO, 31)
+
+
+def test_a_failing_engine_step_is_one_runtime_error_naming_step_tick_and_open_requests() -> None:
+    asked = []
+
+    def unfinished() -> str:
+        asked.append(True)
+        return "a (active)"
+
+    with engine_step("X's step", 3, unfinished):
+        pass
+    assert asked == []  # only a failure asks for the open requests
+    with pytest.raises(RuntimeError) as caught:
+        with engine_step("X's step", 3, unfinished):
+            raise KeyError("b")
+    assert str(caught.value) == "X's step failed at tick 3: KeyError: 'b'; unfinished: a (active)"
+    assert isinstance(caught.value.__cause__, KeyError)

@@ -137,13 +137,14 @@ def test_file_written_from_junit_expects_exactly_the_failures(pytester: pytest.P
     assert again.ret == 0
 
 
-def test_generated_trace_failure_is_matched_by_the_clause_it_names(pytester: pytest.Pytester) -> None:
+def test_generated_trace_failure_is_matched_by_the_clause_it_names(pytester: pytest.Pytester,
+                                                                 unshrunk_profile: list[str]) -> None:
     toml = ('strict = true\n[[expect]]\ntest = "test_generated_traces"\nclause = "ttft_null_on_cancel"\n'
             'workload = "generated-reserve"\naction = "xfail"\nreason = "TTFT 0 on cancel"\n')
     pytester.makefile(".toml", expect=toml)
     result = pytester.runpytest_subprocess(CONTRACT, f"--cbatch-impl={BROKEN}", "-p", "no:cacheprovider",
                                            "-k", "test_generated_traces and not preemption",
-                                           "--cbatch-expect=expect.toml")
+                                           "--cbatch-expect=expect.toml", *unshrunk_profile)
     result.assert_outcomes(xfailed=1)
     assert result.ret == 0
 

@@ -115,6 +115,7 @@ def test_pytest_summary_names_the_lifecycle_clauses_not_judged(pytester: pytest.
 
 LIFECYCLE_RUBRIC = """\
 [grading]
+generated_examples = 0
 lifecycle_examples = 5
 parts = ["lifecycle"]
 [limits]

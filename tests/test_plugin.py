@@ -187,11 +187,12 @@ def test_plugin_is_inert_without_an_implementation(pytester: pytest.Pytester) ->
 def test_shipped_suite_passes_on_reference_from_an_empty_directory(pytester: pytest.Pytester,
                                                                  lifecycle_profile: list[str]) -> None:
     """Every suite module, collected whole; the contract part on the demo workload, the lifecycle under a
-    brief profile, the numerics in float64.  With --run-slow: every workload, every dtype, the ci profile, a
-    truly empty directory.  (Every clause on every workload passes on the reference in process:
-    test_broken_schedulers; the numeric checks of the reference's schedules in float32: tests/gpu_checks.)"""
+    brief profile, the numerics in float64 on the demo and chunked workloads (the negative control's).  With
+    --run-slow: every workload, every dtype, the ci profile, a truly empty directory.  (Every clause on every
+    workload passes on the reference in process: test_broken_schedulers; the numeric checks of the
+    reference's schedules on every workload, float64 and float32: tests/gpu_checks.)"""
     slow = not lifecycle_profile
-    only = [] if slow else ["-k", "(not test_contract or demo) and not float32"]
+    only = [] if slow else ["-k", "(demo or float64-chunked] or not (test_contract or test_numerics)) and not float32"]
     result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-rp", *lifecycle_profile, *only)
     outcomes = result.parseoutcomes()
     assert result.ret == OK, result.stdout.str()

@@ -77,11 +77,12 @@ def test_generated_preemption_traces_reach_each_recompute_regime() -> None:
     assert all(seen.values()), seen
 
 
-def test_the_generated_preemption_tests_alone_catch_a_cut_recompute_target(pytester: pytest.Pytester) -> None:
+def test_the_generated_preemption_tests_alone_catch_a_cut_recompute_target(pytester: pytest.Pytester,
+                                                                         unshrunk_profile: list[str]) -> None:
     spec = "--cbatch-impl=pytest_cbatch.examples.broken_schedulers:recompute_target_cut"
     fixed = pytester.runpytest_subprocess(spec, "-k", "test_contract and not generated")
     assert fixed.ret == 0, "the fixed workloads now catch it too: this test no longer proves what it says"
-    generated = pytester.runpytest_subprocess(spec, "-k", "generated_traces_preemption")
+    generated = pytester.runpytest_subprocess(spec, "-k", "generated_traces_preemption", *unshrunk_profile)
     assert generated.parseoutcomes().get("failed") == 1  # numerics skip as a module where torch is missing
     generated.stdout.fnmatch_lines(["*pending_sample_fed_once*"])
 

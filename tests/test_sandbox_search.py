@@ -4,6 +4,7 @@ channel; whatever goes wrong in the child's search, the part is judged again ove
 
 from __future__ import annotations
 
+import gc
 import re
 
 from pathlib import Path
@@ -18,12 +19,15 @@ from hypothesis.stateful import run_state_machine_as_test
 from pytest_cbatch.lifecycle import MAX_FAILURES, PARTS, lifecycle_verdicts
 from pytest_cbatch.lifecycle import verdicts as verdicts_module
 from pytest_cbatch.lifecycle.clauses import StoppedViolation
-from pytest_cbatch.sandbox import IsolatedImplementation, bwrap_problem, lifecycle_verdicts_of
+from pytest_cbatch.sandbox import (
+    IsolatedImplementation, KitGuard, Limits, LoadSpec, bwrap_problem, lifecycle_verdicts_of, submission_files,
+)
 from pytest_cbatch.sandbox import search as searching
 from pytest_cbatch.sandbox.process import SandboxTimeout
-from pytest_cbatch.sandbox.protocol import native_copy, search_settings, settings_document
+from pytest_cbatch.sandbox.protocol import SandboxFailure, native_copy, search_settings, settings_document
 from pytest_cbatch.sandbox.proxies import LiveChannel
 from pytest_cbatch.sandbox.search import SearchChannel, SearchDiverged, run_search, searched
+from grading_samples import make_samples
 from sandbox_cases import (  # noqa: F401 - pytest_generate_tests is pytest's hook
     BROKEN, FINDS, HANGS, QUICK, REFERENCE, SETTINGS, TAMPERS, isolated, parametrize_broken as pytest_generate_tests,
     part_of,
@@ -220,6 +224,44 @@ def test_a_search_whose_submission_exits_is_judged_again_over_the_live_channel(t
     assert any("sys.exit(3)" in v.message for v in verdicts.values() if v.status == "fail"), verdicts
 
 
+def test_a_proxy_from_before_an_exit_releases_nothing_of_the_next_child(tmp_path: Path) -> None:
+    """The child is restarted after a call that exits, and the next one numbers its objects afresh: a proxy of
+    the old child collected later must not release the new child's object of the same number."""
+    (tmp_path / "exits.py").write_text(EXITS)
+    impl = isolated(str(tmp_path / "exits.py"))
+    try:
+        old = impl.namespace.PagedKV(4, 1)
+        old.create("a")
+        with pytest.raises(SandboxFailure, match=r"called sys\.exit\(3\)"):
+            old.fork("a", "b")
+        new = impl.namespace.PagedKV(4, 1)
+        del old
+        gc.collect()
+        new.create("a")
+        assert sorted(new.free) == [0, 1, 2, 3]
+    finally:
+        impl.close()
+
+
+def test_a_submission_that_exits_mid_example_fails_the_clauses_of_that_call(tmp_path: Path,
+                                                                            request: pytest.FixtureRequest) -> None:
+    """Judged over the live channel with shrinking and a second search: the calls that exit fail their clauses,
+    saying so, and nothing is a kit error (the proxies of each exited child used to release the next child's
+    objects while Hypothesis replayed an example: FlakyStrategyDefinition, every clause "error").  The same
+    power by default: test_a_proxy_from_before_an_exit_releases_nothing_of_the_next_child."""
+    if not request.config.getoption("--run-slow"):
+        pytest.skip("shrinks examples over a child restarted at each exit (seconds): with --run-slow")
+    (tmp_path / "exits.py").write_text(EXITS)
+    impl = isolated(str(tmp_path / "exits.py"))
+    try:
+        verdicts = lifecycle_verdicts("allocator", impl.namespace, Settings(SHRINKS, max_examples=3), max_failures=2)
+    finally:
+        impl.close()
+    failed = {cid: v.message for cid, v in verdicts.items() if v.status == "fail"}
+    assert "error" not in {v.status for v in verdicts.values()}, verdicts
+    assert failed and all("called sys.exit(3)" in message for message in failed.values()), failed
+
+
 SKIPS_SEARCH = '''
 from pytest_cbatch.reference.scheduler_faults import PagedKV, RecomputeRequest, TransferManager
 import hypothesis.stateful as _stateful
@@ -242,8 +284,14 @@ def test_a_submission_that_stops_its_childs_search_is_judged_one_request_at_a_ti
 
 
 @pytest.mark.skipif(bwrap_problem() is not None, reason=f"bubblewrap cannot run here: {bwrap_problem()}")
-def test_parts_are_searched_inside_bubblewrap(ways: Ways) -> None:
-    impl = isolated(REFERENCE, mode="bwrap")
+def test_parts_are_searched_inside_bubblewrap(ways: Ways, tmp_path: Path) -> None:
+    """As grading runs a student's folder: bubblewrap leaves the kit's reference out, and the child's search
+    imports none of it (it once did, through the contract package, and every part of every graded submission
+    was judged again one request at a time)."""
+    make_samples(tmp_path, only=("correct",))
+    folder = str(tmp_path / "correct")
+    impl = IsolatedImplementation("correct", LoadSpec(folder, submission_files(folder)), Limits(), mode="bwrap",
+                                  guard=KitGuard())
     try:
         verdicts, note = lifecycle_verdicts_of(impl, "recompute", Settings(SETTINGS, max_examples=4))
     finally:

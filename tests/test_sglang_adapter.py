@@ -35,6 +35,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from cbatch_sglang import adapter, engine  # noqa: E402
 from cbatch_sglang.engine import Engine, EngineSettings  # noqa: E402
+from engine_findings import unexplained  # noqa: E402
 from pytest_cbatch import strategies  # noqa: E402
 from pytest_cbatch.contract import Violation, check_report  # noqa: E402
 from pytest_cbatch.impls import resolve_impl  # noqa: E402
@@ -117,14 +118,7 @@ def _unexplained(impl: adapter.Adapter, trace: list[dict[str, Any]], config: dic
             seen.add("never_scheduled")
             return []
         return [f"RuntimeError: {exc}"]
-    out = []
-    for v in check_report(report, trace, config):
-        kind = _finding(v, report, trace)
-        if kind is None:
-            out.append(str(v))
-        else:
-            seen.add(kind)
-    return out
+    return unexplained(report, trace, config, _finding, seen)
 
 
 @pytest.mark.parametrize("name", sorted(IMPLS))

@@ -22,6 +22,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here: build its venv w
 adapter = pytest.importorskip("cbatch_vllm.adapter", reason="the vLLM adapter is not installed: "
                                                             "pip install -e examples/vllm")
 
+from engine_findings import unexplained  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 
 from pytest_cbatch import strategies  # noqa: E402
@@ -57,15 +58,7 @@ def _deviation(v: Violation, report: dict[str, Any], trace: list[dict[str, Any]]
 
 
 def _unexplained(trace: list[dict[str, Any]], config: dict[str, Any], seen: set[str]) -> list[str]:
-    report = _run(trace, config)
-    out = []
-    for v in check_report(report, trace, config):
-        kind = _deviation(v, report, trace)
-        if kind is None:
-            out.append(str(v))
-        else:
-            seen.add(kind)
-    return out
+    return unexplained(_run(trace, config), trace, config, _deviation, seen)
 
 
 def test_the_entry_point_resolves_to_the_adapter() -> None:

@@ -33,7 +33,6 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Iterator, Mapping
 
-from ..reference.scheduler_sim import DEFAULT_CONFIG, simulate, validate_config
 from .core import ReportIndex, Violation, clause, required_blocks
 
 __all__ = ["course_config", "course_scope"]
@@ -44,20 +43,29 @@ _EXACT_SUMMARY = ("dispatches", "processed_input_tokens", "free_blocks")
 _COUNTS = ("finished", "cancelled", "rejected")
 
 
+def _published() -> Any:
+    """The kit's reference (the published simulator), imported only when a course clause runs: a graded
+    submission's sandbox child imports the contract package (for the lifecycle searches) in a bubblewrap
+    that leaves the reference out (``sandbox.guard``)."""
+    from ..reference import scheduler_sim
+
+    return scheduler_sim
+
+
 def course_config(asked: Mapping[str, Any]) -> dict[str, Any]:
     """The settings the published simulator runs with: the ones the run asked for over its defaults.
 
     Only what was asked counts, never the report's own config: a report cannot
     talk its way out of the comparison by claiming other settings.
     """
-    return {**DEFAULT_CONFIG, **asked}
+    return {**_published().DEFAULT_CONFIG, **asked}
 
 
 def course_scope(asked: Mapping[str, Any]) -> str | None:
     """Why the course states no results for a run asked for with ``asked``, or None."""
     config = course_config(asked)
     try:
-        validate_config(config)
+        _published().validate_config(config)
     except ValueError as exc:
         return f"the course's published simulator does not run this config ({exc}), so it states no results for it"
     if config["admission"] != "reserve":
@@ -101,7 +109,7 @@ def course_scope(asked: Mapping[str, Any]) -> str | None:
         scope=course_scope)
 def _course_results(ix: ReportIndex) -> Iterator[Violation]:
     config = course_config(ix.asked)
-    expected = simulate(ix.trace, **config)
+    expected = _published().simulate(ix.trace, **config)
     given = "the course's simulator gives"
     impossible = {rid for rid, line in ix.arrivals.items()
                   if required_blocks(line["prompt_tokens"], line["output_tokens"], config["block_size"])

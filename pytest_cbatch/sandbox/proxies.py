@@ -38,7 +38,10 @@ class LiveChannel(Channel):
         super().__init__()
         self.sandbox = sandbox
         self.label = sandbox.label
-        self.dropped: list[int] = []
+        # (generation, handle) of the objects whose last proxy is gone, for the next request to release: a
+        # proxy is collected whenever the garbage collector gets to it, maybe after its child was restarted,
+        # and the next child numbers its objects afresh.
+        self.dropped: list[tuple[int, int]] = []
         # Attribute snapshots from the child (see child.Server.snapshot), valid until the next request that
         # may change something: any call, and any request that releases handles.
         self.snaps: dict[int, dict[str, Any]] = {}
@@ -48,8 +51,8 @@ class LiveChannel(Channel):
     def generation(self) -> int:
         return self.sandbox.generation
 
-    def released(self, handle: int) -> None:
-        self.dropped.append(handle)
+    def released(self, handle: int, generation: int) -> None:
+        self.dropped.append((generation, handle))
 
     def cached(self, handle: int, generation: int, name: str) -> tuple[bool, Any]:
         attrs = self.snaps.get(handle) if generation == self.snap_generation == self.sandbox.generation else None
@@ -61,14 +64,16 @@ class LiveChannel(Channel):
         """Drop the snapshots, and release the child's handles that only they referred to."""
         generation = self.snap_generation
         for handle in self.snaps if generation == self.sandbox.generation else ():
-            if (generation, handle) not in self.live and handle not in self.dropped:
-                self.dropped.append(handle)
+            if (generation, handle) not in self.live and (generation, handle) not in self.dropped:
+                self.dropped.append((generation, handle))
         self.snaps = {}
 
     def exchange(self, message: dict[str, Any], generation: int | None) -> dict[str, Any]:
         if message["op"] != "getattr" or self.dropped:
             self._forget_snapshots()
-        message["drop"], self.dropped = self.dropped, []
+        running = self.sandbox.generation if self.sandbox.alive() else None  # else the request starts a new one
+        message["drop"] = [handle for generation, handle in self.dropped if generation == running]
+        self.dropped = []
         reply = self.sandbox.request(message, "lifecycle", generation)
         if "snap" in reply:
             if self.snap_generation != self.sandbox.generation:
@@ -77,8 +82,9 @@ class LiveChannel(Channel):
         return reply
 
     def proxy(self, tag: dict[str, Any]) -> RemoteObject:
-        if (self.generation, tag["$handle"]) not in self.live and tag["$handle"] in self.dropped:
-            self.dropped.remove(tag["$handle"])  # its old proxy died after this reply was sent
+        key = (self.generation, tag["$handle"])
+        if key not in self.live and key in self.dropped:
+            self.dropped.remove(key)  # its old proxy died after this reply was sent
         return super().proxy(tag)
 
 

@@ -67,8 +67,8 @@ class Channel:
         """``(True, value)`` when attribute ``name`` of object ``handle`` is known without a request."""
         return False, None
 
-    def released(self, handle: int) -> None:
-        """The last proxy of object ``handle`` is gone."""
+    def released(self, handle: int, generation: int) -> None:
+        """The last proxy of object ``handle`` of the child of ``generation`` is gone."""
 
     def read(self, obj: RemoteObject, name: str) -> Any:
         """``obj.name`` for a name that is not a known method: one ``getattr`` request unless the answer is
@@ -179,7 +179,7 @@ class RemoteObject:
         object.__setattr__(self, "_type", tag.get("$type", "?"))
         object.__setattr__(self, "_kind", tag.get("$kind", "object"))
         object.__setattr__(self, "_generation", generation)
-        weakref.finalize(self, channel.released, tag["$handle"])
+        weakref.finalize(self, channel.released, tag["$handle"], generation)
 
     def _check(self) -> None:
         if self._generation != self._channel.generation:

@@ -69,8 +69,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pytest_cbatch.engine_report import EventLog, engine_report, row_phase
-from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
+from pytest_cbatch.engine_report import EventLog, engine_report, engine_run_input, engine_step, pool_tokens, row_phase
 
 from .engine import SGLANG_VERSION, Engine, EngineSettings, batch_rows
 
@@ -97,10 +96,7 @@ def engine_settings(config: dict[str, Any], *, ignore_eos: bool) -> EngineSettin
         raise NotImplementedError("admission 'reserve': without ignore_eos SGLang budgets running requests at "
                                   "new_token_ratio of their remaining output and retracts when decode runs out "
                                   "(the sglang implementation reserves)")
-    tokens = config["capacity"] * config["block_size"]
-    if tokens > CONTEXT_LENGTH_LIMIT:
-        raise NotImplementedError(f"capacity * block_size = {tokens} exceeds the model's max_position_embeddings "
-                                  f"{CONTEXT_LENGTH_LIMIT}")
+    tokens = pool_tokens(config, CONTEXT_LENGTH_LIMIT)
     chunk = min(config["prefill_chunk"], config["token_budget"])
     if not ignore_eos and chunk < config["block_size"]:
         raise NotImplementedError(
@@ -122,13 +118,9 @@ def simulate(trace: Sequence[dict[str, Any]], *, ignore_eos: bool, capacity: int
     Raises ValueError for an invalid trace or config, NotImplementedError for a setting SGLang
     cannot express, RuntimeError when SGLang stalls or makes no end.
     """
-    config: dict[str, Any] = {"capacity": capacity, "block_size": block_size, "token_budget": token_budget,
-                              "max_active": max_active, "prefill_chunk": prefill_chunk,
-                              "release_delay": release_delay, "policy": policy}
-    if admission is not None:
-        config["admission"] = admission
-    config = validate_config(config)
-    lines = validate_trace(trace)
+    config, lines = engine_run_input(trace, capacity=capacity, block_size=block_size, token_budget=token_budget,
+                                     max_active=max_active, prefill_chunk=prefill_chunk,
+                                     release_delay=release_delay, policy=policy, admission=admission)
     settings = engine_settings(config, ignore_eos=ignore_eos)
     recorded = dict(config) if ignore_eos else {**config, "admission": "optimistic"}
     run = _Run(Engine(settings), recorded, lines, ignore_eos)
@@ -248,11 +240,8 @@ class _Run:
         """One loop pass; whether it ran a batch."""
         engine = self.engine
         waiting = set(engine.waiting())
-        try:
+        with engine_step("SGLang's get_next_batch_to_run", t, self._unfinished):
             batch = engine.schedule()
-        except Exception as exc:
-            raise RuntimeError(f"SGLang's get_next_batch_to_run failed at tick {t}: {type(exc).__name__}: {exc}; "
-                               f"unfinished: {self._unfinished()}") from exc
         self._sent(t)  # an abort of a chunked prefill is carried out here
         now_waiting = engine.waiting()
         for rid in now_waiting:
@@ -270,11 +259,8 @@ class _Run:
         self._snapshot(t, tables, [self.kid[rid] for rid in now_waiting])
         if batch:
             self._dispatch(t, batch)
-        try:
+        with engine_step("SGLang's run_batch / process_batch_result", t, self._unfinished):
             record = engine.run(batch)
-        except Exception as exc:
-            raise RuntimeError(f"SGLang's run_batch / process_batch_result failed at tick {t}: "
-                               f"{type(exc).__name__}: {exc}; unfinished: {self._unfinished()}") from exc
         self._messages(t + 1, record.outputs, record.aborts)
         return batch is not None
 

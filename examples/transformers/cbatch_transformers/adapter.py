@@ -49,8 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from pytest_cbatch.engine_report import dispatch_event, engine_report, row_phase
-from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
+from pytest_cbatch.engine_report import EventLog, engine_report, engine_run_input, engine_step, row_phase
 
 from .engine import MIN_PAGE_SIZE, TRANSFORMERS_VERSION, Engine, EngineSettings, finished
 
@@ -89,13 +88,9 @@ def simulate(trace: Sequence[dict[str, Any]], *, scheduler_type: str, capacity: 
     Raises ValueError for an invalid trace or config, NotImplementedError for a setting
     transformers cannot express, RuntimeError when the engine stalls or its step fails.
     """
-    config: dict[str, Any] = {"capacity": capacity, "block_size": block_size, "token_budget": token_budget,
-                              "max_active": max_active, "prefill_chunk": prefill_chunk,
-                              "release_delay": release_delay, "policy": policy}
-    if admission is not None:
-        config["admission"] = admission
-    config = validate_config(config)
-    lines = validate_trace(trace)
+    config, lines = engine_run_input(trace, capacity=capacity, block_size=block_size, token_budget=token_budget,
+                                     max_active=max_active, prefill_chunk=prefill_chunk,
+                                     release_delay=release_delay, policy=policy, admission=admission)
     run = _Run(Engine(engine_settings(config, scheduler_type)), {**config, "admission": "optimistic"}, lines,
                scheduler_type)
     run.drive()
@@ -139,15 +134,13 @@ class _Run:
         self.config = config
         self.lines = lines
         self.scheduler_type = scheduler_type
-        self.events: list[dict[str, Any]] = []
+        self.log = EventLog()
         self.arrivals = {line["id"]: line for line in lines if line["event"] == "arrival"}
         self.status: dict[str, str] = {}        # queued, active, finished, cancelled
         self.held: dict[str, list[int]] = {}    # pages per request as the last snapshot showed them
         self.emitted: dict[str, int] = {}
         self.preempted: set[str] = set()
         self.cancels: list[str] = []            # cancels sent this tick, in trace order
-        self.dispatches = 0
-        self.fed = 0
         total = sum(line["prompt_tokens"] + line["output_tokens"] for line in self.arrivals.values())
         self.step_limit = 50 * total + 1000
 
@@ -178,44 +171,41 @@ class _Run:
     def _trace_line(self, line: dict[str, Any], t: int) -> None:
         rid = line["id"]
         if line["event"] == "arrival":
-            self._emit(t, "arrival", rid)
+            self.log.emit(t, "arrival", rid)
             self.status[rid] = "queued"
             self.engine.add(rid, _prompt(len(self.status), line["prompt_tokens"]), line["output_tokens"])
         elif self.status[rid] in ("queued", "active"):
             self.engine.cancel(rid)
             self.cancels.append(rid)
         else:
-            self._emit(t, "cancel_ignored", rid, status=self.status[rid])
+            self.log.emit(t, "cancel_ignored", rid, status=self.status[rid])
 
     def _step(self, t: int) -> bool:
         """One ``prepare_next_batch`` and, if it scheduled a batch, its forward and update."""
         engine = self.engine
         before = set(engine.active())
-        try:
+        with engine_step("transformers' prepare_next_batch", t, self._unfinished):
             ready = engine.prepare()
-        except Exception as exc:
-            raise RuntimeError(f"transformers' prepare_next_batch failed at tick {t}: {type(exc).__name__}: {exc}; "
-                               f"unfinished: {self._unfinished()}") from exc
         sent, self.cancels = self.cancels, []
         for rid in sent:
             if self.status[rid] == "cancelled":  # a repeated cancel in one tick: the engine cancels once
-                self._emit(t, "cancel_ignored", rid, status="cancelled")
+                self.log.emit(t, "cancel_ignored", rid, status="cancelled")
                 continue
             if rid not in engine.cancelled:
                 raise RuntimeError(f"transformers did not cancel {rid!r} ({self.status[rid]}) at tick {t}")
             self.status[rid] = "cancelled"
-            self._emit(t, "cancelled", rid)
+            self.log.emit(t, "cancelled", rid)
             if self.held.pop(rid, None):
-                self._emit(t, "release", rid)
+                self.log.emit(t, "release", rid)
         active, waiting = engine.active(), engine.waiting()
         for rid in sorted(before & set(waiting), key=waiting.index):
             self.status[rid] = "queued"
             self.preempted.add(rid)
-            self._emit(t, "preempted", rid, released_blocks=len(self.held.pop(rid, [])))
+            self.log.emit(t, "preempted", rid, released_blocks=len(self.held.pop(rid, [])))
         for rid in active:
             if self.status[rid] == "queued":
                 self.status[rid] = "active"
-                self._emit(t, "admit", rid, reserved_blocks=len(engine.tables().get(rid, [])))
+                self.log.emit(t, "admit", rid, reserved_blocks=len(engine.tables().get(rid, [])))
         self._answer_lost_cancels(t)
         self._snapshot(t, len(active), len(waiting))
         if not ready:
@@ -232,27 +222,18 @@ class _Run:
             if status in ("queued", "active") and rid not in holding and self.engine.manager.input_queue.empty():
                 raise RuntimeError(f"transformers dropped {rid!r} ({status}) with no output and no cancel")
 
-    def _emit(self, t: int, kind: str, rid: str | None = None, **fields: Any) -> None:
-        event: dict[str, Any] = {"time": t, "event": kind}
-        if rid is not None:
-            event["id"] = rid
-        event.update(fields)
-        self.events.append(event)
-
     def _snapshot(self, t: int, active: int, queued: int) -> None:
         tables = self.engine.tables()
         self.held = dict(tables)
         free = self.engine.free_blocks()
         allocated = self.engine.capacity - free
-        self._emit(t, "snapshot", active=active, queued=queued, reserved_blocks=allocated, draining_blocks=0,
-                   allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=tables)
+        self.log.emit(t, "snapshot", active=active, queued=queued, reserved_blocks=allocated, draining_blocks=0,
+                      allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=tables)
 
     def _dispatch(self, t: int, batch: list[tuple[str, int, int, int]]) -> None:
         rows = [(rid, row_phase(has_output=bool(self.emitted.get(rid)), before=before, known=known,
                                 preempted=rid in self.preempted), n) for rid, n, before, known in batch]
-        self.dispatches += 1
-        self.fed += sum(n for _, _, n in rows)
-        self.events.append(dispatch_event(t, rows, self.config["token_budget"]))
+        self.log.dispatch(t, rows, self.config["token_budget"])
 
     def _output(self, t: int, output: Any) -> None:
         rid = output.request_id
@@ -260,14 +241,14 @@ class _Run:
             raise RuntimeError(f"transformers failed {rid!r}: {output.error}")
         for index in range(self.emitted.get(rid, 0) + 1, len(output.generated_tokens) + 1):
             self.emitted[rid] = index
-            self._emit(t, "token", rid, output_index=index)
+            self.log.emit(t, "token", rid, output_index=index)
         if finished(output):
             self.status[rid] = "finished"
-            self._emit(t, "finished", rid, reason="length")
+            self.log.emit(t, "finished", rid, reason="length")
             if self.held.pop(rid, None):
-                self._emit(t, "release", rid)
+                self.log.emit(t, "release", rid)
 
     def report(self) -> dict[str, Any]:
-        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.events,
-                             dispatches=self.dispatches, fed=self.fed, free_blocks=self.engine.free_blocks(),
+        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.log.events,
+                             dispatches=self.log.dispatches, fed=self.log.fed, free_blocks=self.engine.free_blocks(),
                              engine=f"transformers {TRANSFORMERS_VERSION} ({self.scheduler_type})")

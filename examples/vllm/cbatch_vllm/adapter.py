@@ -55,8 +55,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from pytest_cbatch.engine_report import dispatch_event, engine_report, row_phase
-from pytest_cbatch.reference.scheduler_sim import validate_config, validate_trace
+from pytest_cbatch.engine_report import EventLog, engine_report, engine_run_input, pool_tokens, row_phase
 
 from . import engine
 from .engine import EngineSettings
@@ -69,7 +68,6 @@ __all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE
 CBATCH_NATIVE_CONFIG = {"release_delay": 0}
 CBATCH_ENGINE_LOGGERS = ("vllm",)
 
-CONFIG_KEYS = ("capacity", "block_size", "token_budget", "max_active", "prefill_chunk", "release_delay", "policy")
 MAX_MODEL_LEN_LIMIT = 8192  # max_position_embeddings of the shipped tiny llama config
 
 
@@ -83,10 +81,7 @@ def engine_settings(config: dict[str, Any]) -> EngineSettings:
         raise NotImplementedError(
             "admission 'reserve': vLLM never reserves a request's whole need at admission; it allocates per "
             "scheduled chunk and preempts when blocks run out (only 'optimistic')")
-    max_model_len = config["capacity"] * config["block_size"]
-    if max_model_len > MAX_MODEL_LEN_LIMIT:
-        raise NotImplementedError(f"capacity * block_size = {max_model_len} exceeds the model's "
-                                  f"max_position_embeddings {MAX_MODEL_LEN_LIMIT}")
+    max_model_len = pool_tokens(config, MAX_MODEL_LEN_LIMIT)
     budget = config["token_budget"]
     seqs = 1 if config["policy"] == "serial" else min(config["max_active"], budget)
     return EngineSettings(num_blocks=config["capacity"] + 1, block_size=config["block_size"],
@@ -103,13 +98,9 @@ def simulate(trace: Sequence[dict[str, Any]], *, capacity: int, block_size: int,
     setting vLLM cannot express, and RuntimeError when vLLM stops making
     progress (a bounded number of steps).
     """
-    config: dict[str, Any] = {"capacity": capacity, "block_size": block_size, "token_budget": token_budget,
-                              "max_active": max_active, "prefill_chunk": prefill_chunk,
-                              "release_delay": release_delay, "policy": policy}
-    if admission is not None:
-        config["admission"] = admission
-    config = validate_config(config)
-    lines = validate_trace(trace)
+    config, lines = engine_run_input(trace, capacity=capacity, block_size=block_size, token_budget=token_budget,
+                                     max_active=max_active, prefill_chunk=prefill_chunk,
+                                     release_delay=release_delay, policy=policy, admission=admission)
     settings = engine_settings(config)
     run = _Run(settings, {**config, "admission": "optimistic"}, lines)
     run.drive()
@@ -124,14 +115,12 @@ class _Run:
         self.config = config
         self.lines = lines
         self.sched = engine.new_scheduler(settings)
-        self.events: list[dict[str, Any]] = []
+        self.log = EventLog()
         self.arrivals: dict[str, dict[str, Any]] = {line["id"]: line for line in lines if line["event"] == "arrival"}
         self.status: dict[str, str] = {}        # queued, active, finished, cancelled, rejected
         self.held: dict[str, list[int]] = {}    # pages per request as the last snapshot showed them
         self.emitted: dict[str, int] = {}
         self.preempted: set[str] = set()
-        self.dispatches = 0
-        self.fed = 0
         total = sum(line["prompt_tokens"] + line["output_tokens"] for line in self.arrivals.values())
         self.step_limit = 50 * total + 1000
 
@@ -156,11 +145,11 @@ class _Run:
     def _trace_line(self, line: dict[str, Any], t: int) -> None:
         rid = line["id"]
         if line["event"] == "arrival":
-            self._emit(t, "arrival", rid)
+            self.log.emit(t, "arrival", rid)
             refusal = engine.prompt_refusal(self.sched, line["prompt_tokens"])
             if refusal:
                 self.status[rid] = "rejected"
-                self._emit(t, "rejected", rid, reason=refusal)
+                self.log.emit(t, "rejected", rid, reason=refusal)
                 return
             self.status[rid] = "queued"
             self.sched.add_request(engine.new_request(rid, len(self.status), line["prompt_tokens"],
@@ -171,10 +160,10 @@ class _Run:
         if not ended:
             if self.status[rid] in ("queued", "active"):
                 raise RuntimeError(f"vLLM had nothing to abort for {rid!r}, which the adapter saw {self.status[rid]}")
-            self._emit(t, "cancel_ignored", rid, status=self.status[rid])
+            self.log.emit(t, "cancel_ignored", rid, status=self.status[rid])
             return
         self.status[rid] = "cancelled"
-        self._emit(t, "cancelled", rid)
+        self.log.emit(t, "cancelled", rid)
         if pages:
             self._release(t, rid)
 
@@ -185,12 +174,12 @@ class _Run:
         for rid in sorted(out.preempted_req_ids, key=lambda r: waiting_order.get(r, len(waiting_order))):
             self.status[rid] = "queued"
             self.preempted.add(rid)
-            self._emit(t, "preempted", rid, released_blocks=len(self.held.pop(rid, [])))
+            self.log.emit(t, "preempted", rid, released_blocks=len(self.held.pop(rid, [])))
         tables = {rid: [b - 1 for b in engine.block_ids(sched, rid)] for rid in sched.requests}
         for req in sched.running:
             if self.status[req.request_id] == "queued":
                 self.status[req.request_id] = "active"
-                self._emit(t, "admit", req.request_id, reserved_blocks=len(tables[req.request_id]))
+                self.log.emit(t, "admit", req.request_id, reserved_blocks=len(tables[req.request_id]))
         self._snapshot(t, tables)
         scheduled = dict(out.num_scheduled_tokens)
         if scheduled:
@@ -202,21 +191,14 @@ class _Run:
 
     # -- events ----------------------------------------------------------------
 
-    def _emit(self, t: int, kind: str, rid: str | None = None, **fields: Any) -> None:
-        event: dict[str, Any] = {"time": t, "event": kind}
-        if rid is not None:
-            event["id"] = rid
-        event.update(fields)
-        self.events.append(event)
-
     def _snapshot(self, t: int, tables: dict[str, list[int]]) -> None:
         shown = {rid: table for rid, table in tables.items() if table}
         self.held = dict(shown)
         free = engine.free_blocks(self.sched)
         allocated = self.config["capacity"] - free
         running, waiting = self.sched.get_request_counts()
-        self._emit(t, "snapshot", active=running, queued=waiting, reserved_blocks=allocated, draining_blocks=0,
-                   allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=shown)
+        self.log.emit(t, "snapshot", active=running, queued=waiting, reserved_blocks=allocated, draining_blocks=0,
+                      allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=shown)
 
     def _dispatch(self, t: int, scheduled: dict[str, int]) -> None:
         rows = []
@@ -225,29 +207,27 @@ class _Run:
             before = req.num_computed_tokens - n  # schedule() already advanced num_computed_tokens
             rows.append((rid, row_phase(has_output=bool(req.num_output_tokens), before=before, known=req.num_tokens,
                                         preempted=rid in self.preempted), n))
-        self.dispatches += 1
-        self.fed += sum(n for _, _, n in rows)
-        self.events.append(dispatch_event(t, rows, self.config["token_budget"]))
+        self.log.dispatch(t, rows, self.config["token_budget"])
 
     def _output(self, t: int, output: Any) -> None:
         rid = output.request_id
         for _ in output.new_token_ids:
             self.emitted[rid] = self.emitted.get(rid, 0) + 1
-            self._emit(t, "token", rid, output_index=self.emitted[rid])
+            self.log.emit(t, "token", rid, output_index=self.emitted[rid])
         reason = engine.finish_reason(output)
         if reason is not None:
             self.status[rid] = "finished"
-            self._emit(t, "finished", rid, reason=reason)
+            self.log.emit(t, "finished", rid, reason=reason)
             if self.held.get(rid):
                 self._release(t, rid)
 
     def _release(self, t: int, rid: str) -> None:
         self.held.pop(rid, None)
-        self._emit(t, "release", rid)
+        self.log.emit(t, "release", rid)
 
     # -- the report ------------------------------------------------------------
 
     def report(self) -> dict[str, Any]:
-        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.events,
-                             dispatches=self.dispatches, fed=self.fed, free_blocks=engine.free_blocks(self.sched),
-                             engine=f"vllm {engine.VLLM_VERSION}")
+        return engine_report(config=self.config, arrivals=self.arrivals, status=self.status, events=self.log.events,
+                             dispatches=self.log.dispatches, fed=self.log.fed,
+                             free_blocks=engine.free_blocks(self.sched), engine=f"vllm {engine.VLLM_VERSION}")
