@@ -19,6 +19,7 @@ This module imports neither backend until a function needs it.
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import json
@@ -147,7 +148,7 @@ def schema_issues(
         raise ImportError("backend 'jsonschema-rs' needs the jsonschema-rs package (pip install jsonschema-rs)")
     validator = _rs_validator(name)
     try:
-        verdict: bool | None = _rs_validator(name, decision=True).is_valid(instance)
+        verdict: bool | None = _rs_decider(name, _tick_branch_holds(instance)).is_valid(instance)
     except ValueError:  # holds a value jsonschema-rs cannot read (a set, say): jsonschema alone judges
         verdict = None
     if verdict:
@@ -163,12 +164,63 @@ def schema_issues(
 
 
 @functools.lru_cache(maxsize=None)
-def _rs_validator(name: str, decision: bool = False) -> Any:
-    """jsonschema-rs compiled for ``name``; ``decision``: for pass or fail only, from ``_selector_chains``."""
+def _rs_validator(name: str) -> Any:
+    """jsonschema-rs compiled for ``name`` as written: its messages when jsonschema finds nothing."""
     rs = _rs_module()
     assert rs is not None
-    schema = json.loads(_schema_text(name))
-    return rs.Draft202012Validator(_selector_chains(schema) if decision else schema)
+    return rs.Draft202012Validator(json.loads(_schema_text(name)))
+
+
+@functools.lru_cache(maxsize=None)
+def _rs_decider(name: str, ticks: bool) -> Any:
+    """jsonschema-rs compiled for pass or fail only: ``name`` settled by ``_settle_time_unit``, then ``_selector_chains``."""
+    rs = _rs_module()
+    assert rs is not None
+    return rs.Draft202012Validator(_selector_chains(_settle_time_unit(json.loads(_schema_text(name)), ticks)))
+
+
+# The report's one top-level branch: a synthetic_tick report's times are integers.
+_TICK_BRANCH = {"if": {"properties": {"time_unit": {"const": "synthetic_tick"}}},
+                "then": {"$ref": "#/$defs/tick_integers"}}
+_TICK_EVENTS = {"items": {"properties": {"time": {"type": "integer"}}}}
+
+
+def _tick_branch_holds(instance: Any) -> bool:
+    """Whether ``_TICK_BRANCH``'s ``if`` holds for ``instance``: false only for an object whose time_unit is
+    present and not the string synthetic_tick (read as jsonschema-rs reads it, past any override in a subclass)."""
+    if not isinstance(instance, dict) or "time_unit" not in dict.keys(instance):
+        return True
+    unit = dict.__getitem__(instance, "time_unit")
+    return isinstance(unit, str) and str.__eq__(unit, "synthetic_tick")
+
+
+def _settle_time_unit(schema: dict[str, Any], ticks: bool) -> dict[str, Any]:
+    """``schema`` for the instances where ``_TICK_BRANCH``'s ``if`` holds (``ticks``) or fails, for pass or fail only.
+
+    Where the root's ``allOf`` is exactly ``[_TICK_BRANCH]``, it is dropped; with
+    ``ticks`` its ``then`` applies unconditionally instead, and the part of it
+    that says every event's time is an integer moves into a copy of the event
+    definition, so jsonschema-rs walks the events once instead of twice (about
+    10 ms of 85 on a 400,000-event report).  Each form accepts exactly what the
+    schema as written accepts on the instances it is chosen for.  Any other
+    schema is returned as it is.
+    """
+    if schema.get("allOf") != [_TICK_BRANCH]:
+        return schema
+    del schema["allOf"]
+    if not ticks:
+        return schema
+    rules = schema["$defs"]["tick_integers"]["properties"]
+    events = schema["properties"]["events"]
+    event = copy.deepcopy(schema["$defs"]["event"])
+    if (rules.get("events") == _TICK_EVENTS and events.get("items") == {"$ref": "#/$defs/event"}
+            and event["properties"]["time"] == {"$ref": "#/$defs/time"}):
+        del rules["events"]
+        event["properties"]["time"] = {"$ref": "#/$defs/time", "type": "integer"}
+        schema["$defs"]["event_in_ticks"] = event
+        events["items"] = {"$ref": "#/$defs/event_in_ticks"}
+    schema["allOf"] = [dict(_TICK_BRANCH["then"])]
+    return schema
 
 
 # Selector values most documents are made of (a report's events are mostly tokens), tried first.

@@ -1,4 +1,4 @@
-"""The pass/fail form of the shipped schemas (``schemas._selector_chains``) accepts exactly what they accept."""
+"""The pass/fail forms of the shipped schemas (``schemas._rs_decider``) accept exactly what they accept."""
 
 from __future__ import annotations
 
@@ -75,10 +75,49 @@ def test_every_shipped_schema_with_a_selector_union_gets_its_chain() -> None:
         "trace-line": 1, "report": 1, "faults-report": 1, "gradescope-results": 0}
 
 
+def test_a_report_settles_its_time_unit_branch_and_checks_tick_times_inside_the_event_union() -> None:
+    seconds = schemas._settle_time_unit(load_schema("report"), ticks=False)
+    ticks = schemas._settle_time_unit(load_schema("report"), ticks=True)
+    written = load_schema("report")
+    del written["allOf"]
+    assert seconds == written
+    assert ticks["allOf"] == [{"$ref": "#/$defs/tick_integers"}]
+    assert "events" not in ticks["$defs"]["tick_integers"]["properties"]
+    assert ticks["properties"]["events"]["items"] == {"$ref": "#/$defs/event_in_ticks"}
+    assert ticks["$defs"]["event_in_ticks"]["properties"]["time"] == {"$ref": "#/$defs/time", "type": "integer"}
+    for name in ("trace-line", "faults-report", "gradescope-results"):
+        assert schemas._settle_time_unit(load_schema(name), ticks=True) == load_schema(name)
+
+
+@pytest.mark.parametrize("unit, holds", [("synthetic_tick", True), ("seconds", False), (None, False), (1, False),
+                                         ("synthetic_ticks", False)])
+def test_the_tick_form_is_chosen_exactly_where_the_time_unit_branch_applies(unit: Any, holds: bool) -> None:
+    assert schemas._tick_branch_holds({"time_unit": unit}) is holds
+    assert schemas._tick_branch_holds({}) and schemas._tick_branch_holds([]) and schemas._tick_branch_holds(None)
+
+
+@pytest.mark.parametrize("backend", ["jsonschema-rs", "jsonschema"])
+def test_a_tick_report_with_a_fractional_event_time_stays_schema_invalid_with_the_same_message(backend: str) -> None:
+    doc = copy.deepcopy(DOCUMENTS["report"])
+    doc["events"][2]["time"] = 1.5
+    assert schemas.schema_issues(doc, "report", backend=backend) == [
+        schemas.SchemaIssue("/events/2/time", "1.5 is not of type 'integer'")]
+    doc["time_unit"] = "seconds"
+    assert schemas.schema_issues(doc, "report", backend=backend) == []
+
+
+class _Decider:
+    """The pass/fail form ``schema_issues`` picks for each instance, as one validator."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def is_valid(self, instance: Any) -> bool:
+        return schemas._rs_decider(self.name, schemas._tick_branch_holds(instance)).is_valid(instance)
+
+
 def _validators(name: str) -> tuple[Any, Any]:
-    schema = load_schema(name)
-    return (jsonschema_rs.Draft202012Validator(schema),
-            jsonschema_rs.Draft202012Validator(schemas._selector_chains(copy.deepcopy(schema))))
+    return jsonschema_rs.Draft202012Validator(load_schema(name)), _Decider(name)
 
 
 DOCUMENTS = {
@@ -103,6 +142,7 @@ VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 3), st.sampled_from
                    st.sampled_from(NAMES), st.lists(st.integers(-1, 3), max_size=2),
                    st.dictionaries(st.sampled_from(["id", "phase", "input_tokens", "a"]),
                                    st.one_of(st.integers(0, 2), st.sampled_from(["r0", "decode"])), max_size=3))
+UNITS = st.sampled_from(["keep", "synthetic_tick", "seconds", "delete", None, 1])
 EDITS = st.tuples(st.sampled_from(["set", "delete", "replace"]), st.sampled_from(FIELDS), VALUES)
 
 
@@ -123,10 +163,14 @@ def _edit(doc: dict[str, Any], name: str, at: int, edits: list[tuple[str, str, A
 
 @pytest.mark.parametrize("name", sorted(DOCUMENTS))
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(at=st.integers(0, 10_000), edits=st.lists(EDITS, min_size=1, max_size=3))
+@given(at=st.integers(0, 10_000), edits=st.lists(EDITS, min_size=1, max_size=3), unit=UNITS)
 def test_the_pass_fail_form_agrees_with_the_schema_on_edited_documents(
-        name: str, at: int, edits: list[tuple[str, str, Any]]) -> None:
+        name: str, at: int, edits: list[tuple[str, str, Any]], unit: Any) -> None:
     doc = _edit(DOCUMENTS[name], name, at, edits)
+    if isinstance(doc, dict) and "time_unit" in doc and unit != "keep":   # a report's branch on time_unit
+        doc["time_unit"] = unit
+        if unit == "delete":
+            del doc["time_unit"]
     written, decision = VALIDATORS[name]
     assert decision.is_valid(doc) == written.is_valid(doc), (name, edits)
 
