@@ -102,9 +102,16 @@ def _refuse_unknown_ini(config: pytest.Config) -> None:
         return True
 
     known = [name for name in vars(config.option) if name.startswith("cbatch_") and registered(name)]
-    for key in getattr(config, "inicfg", {}):
+    for key in _ini_keys(config):
         if key.startswith("cbatch") and not registered(key):
             raise pytest.UsageError(f"{config.inipath or 'the ini file'}: {unknown_name('ini key', key, known)}")
+
+
+def _ini_keys(config: pytest.Config) -> list[str]:
+    """The keys the ini file sets.  pytest 9.2 deprecated ``Config.inicfg`` (a warning on every run) and has no
+    public way to list them; its own unknown-key check reads ``_inicfg``, so this reads it where it exists."""
+    keys = getattr(config, "_inicfg", None)
+    return list(getattr(config, "inicfg", {}) if keys is None else keys)
 
 
 def _faulthandler_timeout(config: pytest.Config) -> bool:

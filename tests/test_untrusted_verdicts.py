@@ -353,6 +353,14 @@ def test_pytest_refuses_unknown_settings_and_limits_that_are_no_limit(
     assert words in result.stderr.str(), result.stderr.str()
 
 
+def test_reading_the_ini_keys_warns_of_nothing_deprecated(pytester: pytest.Pytester, recwarn) -> None:
+    # pytest 9.2 warns on every run that reads Config.inicfg (deprecated); the unknown-key check must not.
+    pytester.makeini("[pytest]\ncbatch_timeout = 5\n")
+    result = pytester.runpytest_inprocess("--cbatch-impl=reference", "-k", "test_contract and completes and demo")
+    assert result.ret == pytest.ExitCode.OK
+    assert not [str(w.message) for w in recwarn if "inicfg" in str(w.message)]
+
+
 # -- 4. one count of clauses, and each place says what it counts ----------------------------------------
 
 
