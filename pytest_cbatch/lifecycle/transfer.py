@@ -317,8 +317,8 @@ class _TransferMachine(LifecycleMachine):
         # (unless the clause failed already: then it would halt the run before the teardown clauses are judged).
         if "lifecycle.abort_reason" not in self.disabled:
             in_flight = [t for t in self.transfers if t.state == "in_flight"]
-            self.invalid_reason(*((in_flight[0].key, in_flight[0].variable) if in_flight else
-                                  (self.stale_key(), repr(self.stale_key()))))
+            key = in_flight[0].key if in_flight else self.stale_key()
+            self.invalid_reason(key, in_flight[0].variable if in_flight else repr(key))
         for model in self.transfers:
             for method in ("abort", "acknowledge_drained", "release_output"):
                 if model.state == _CALLBACKS[method][0]:
