@@ -204,10 +204,12 @@ def _replay(events: Sequence[Mapping[str, Any]], ledger: _Ledger,
 
 
 def peak_pages(streams: Streams, events: Sequence[Mapping[str, Any]], block_size: int) -> int:
-    """Most pages live at once when ``events`` run on a clean engine (validates the schedule)."""
-    upper = 1 + sum(w["input_tokens"] for e in events if e.get("event") == "dispatch"
-                    and isinstance(e.get("work"), list) for w in e["work"]
-                    if isinstance(w, Mapping) and isinstance(w.get("input_tokens"), int))
+    """Most pages live at once when ``events`` run on a clean engine (validates the schedule).
+
+    The pool is sized from the streams (the kit's trace: every request's positions at once, the most a
+    clean engine can hold), never from the report's numbers, which the judged code wrote; a row asking for
+    more than its stream holds is a ScheduleError before a page is allocated for it."""
+    upper = 1 + sum(-(-streams.fed_len(rid) // block_size) for rid in streams.tokens)
     ledger = _Ledger(streams, block_size, BlockAllocator(upper + 1, seed=0))
     _replay(events, ledger, lambda step, rows: None)
     return ledger.peak

@@ -27,16 +27,18 @@ from pytest_cbatch.schemas import schema_issues
 
 RUBRIC = EXAMPLE_DIR / "rubric.toml"
 CONTRACT = [f"contract.{c}" for c in ALL_CLAUSES]
-# examples/grading/rubric.toml: completes 4, invalid_input_refused 2, other clauses 1, lifecycle clauses 1.
-FULL = 4 + 2 + (len(CONTRACT) - 2) + len(LIFECYCLE_CLAUSES)
+HIDDEN = "hidden.workloads"
+# examples/grading/rubric.toml: completes 4, invalid_input_refused 2, other clauses 1, lifecycle clauses 1,
+# the hidden workloads 4 (one test: the student learns only whether every clause held on all of them).
+FULL = 4 + 2 + (len(CONTRACT) - 2) + len(LIFECYCLE_CLAUSES) + 4
 EXPECTED_FAILURES = {
     "correct": set(),
     "deletes_files": set(),
-    "buggy_ttft": {"contract.ttft_null_on_cancel"},
-    "buggy_itl": {"contract.itl_empty_for_one_token"},
-    "loops_forever": set(CONTRACT),
-    "calls_os_exit": set(CONTRACT),
-    "prints_50mb": set(CONTRACT),
+    "buggy_ttft": {"contract.ttft_null_on_cancel", HIDDEN},
+    "buggy_itl": {"contract.itl_empty_for_one_token", HIDDEN},
+    "loops_forever": {*CONTRACT, HIDDEN},
+    "calls_os_exit": {*CONTRACT, HIDDEN},
+    "prints_50mb": {*CONTRACT, HIDDEN},
 }
 HIDDEN_NAME = "crowded_cancels"
 # The example rubric with a 5 s call limit instead of 15 s and a breaker at the first failed call instead of
@@ -91,7 +93,7 @@ def test_every_results_json_validates_and_states_the_seed(graded) -> None:
         doc = results(out, name)
         assert schema_issues(doc, "gradescope-results") == [], name
         assert "fixed seed 20240901" in doc["output"] and doc["extra_data"]["cbatch"]["seed"] == 20240901
-        assert len(doc["tests"]) == len(CONTRACT) + len(LIFECYCLE_CLAUSES)
+        assert [t["name"] for t in doc["tests"]] == [*CONTRACT, HIDDEN, *LIFECYCLE_CLAUSES]
     broken = dict(results(out, "buggy_ttft"), score=-1)
     assert schema_issues(broken, "gradescope-results")
 
@@ -128,7 +130,11 @@ def test_hidden_workloads_count_but_stay_out_of_student_output(graded) -> None:
     _samples, out, _seconds, _code = graded
     doc = results(out, "buggy_itl")
     test = next(t for t in doc["tests"] if t["name"] == "contract.itl_empty_for_one_token")
-    assert "it also failed on hidden workloads (which and how many is withheld)" in test["output"]
+    assert "hidden" not in test["output"]  # no clause's test says anything of the hidden workloads
+    assert all("hidden" not in t["output"] for t in doc["tests"] if t["name"] != HIDDEN)
+    hidden = next(t for t in doc["tests"] if t["name"] == HIDDEN)
+    assert hidden["status"] == "failed" and "withheld" in hidden["output"]
+    assert next(t for t in results(out, "correct")["tests"] if t["name"] == HIDDEN)["status"] == "passed"
     assert HIDDEN_NAME not in json.dumps(doc) and '"h4"' not in json.dumps(doc)
     assert HIDDEN_NAME in (out / "buggy_itl" / "hidden-failures.txt").read_text(encoding="utf-8")
     assert not list((out / "buggy_itl").glob(f"*{HIDDEN_NAME}*"))

@@ -18,7 +18,7 @@ import pytest_cbatch.reference.scheduler_faults as reference_faults
 import pytest_cbatch.reference.scheduler_sim as reference_sim
 from pytest_cbatch.grading.driver import discover, gradescope_submission
 from pytest_cbatch.grading.evaluate import Submission, grade_implementation, grade_submission
-from pytest_cbatch.grading.plan import build_plan
+from pytest_cbatch.grading.plan import HIDDEN_TEST, build_plan
 from pytest_cbatch.grading.results import write_summary
 from pytest_cbatch.grading.rubric import load_rubric
 from pytest_cbatch.impls import ImplementationError
@@ -253,8 +253,8 @@ def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output
     visible = _student_visible(result, out)
     assert MARK not in visible and '"capacity": 7' not in visible
     assert result.score == result.max_score, [t.output for t in result.tests if not t.passed][:1]
-    passed = next(t for t in result.tests if t.name == "contract.completes")
-    assert "none of the 1 hidden workloads failed it" in passed.output
+    hidden = next(t for t in result.tests if t.name == HIDDEN_TEST)
+    assert hidden.passed and hidden.output == "passed: every clause held on every hidden workload"
 
 
 FAILS_HIDDEN = '''
@@ -269,15 +269,23 @@ def simulate(events, **config):
 '''
 
 
-def test_a_failure_on_a_hidden_workload_goes_to_the_instructor_only(tmp_path: Path) -> None:
-    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n', f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
+@pytest.mark.parametrize("reveal", ["outcome", "clauses"])
+def test_a_failure_on_a_hidden_workload_goes_to_the_instructor_only(tmp_path: Path, reveal: str) -> None:
+    rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n',
+                     f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\nreveal = "{reveal}"\n')
     folder = _published(tmp_path / "fails_hidden", FAILS_HIDDEN)
     sub = Submission("fails_hidden", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
     out = tmp_path / "out"
     out.mkdir()
     result = grade_submission(sub, rubric, build_plan(rubric), out, "process")
     completes = next(t for t in result.tests if t.name == "contract.completes")
-    assert not completes.passed and "failed on hidden workloads (which and how many is withheld)" in completes.output
+    if reveal == "outcome":  # one bit: the hidden workloads' own test failed; no clause's test says more
+        hidden = next(t for t in result.tests if t.name == HIDDEN_TEST)
+        assert completes.passed and not hidden.passed and "withheld" in hidden.output
+    else:  # a bit per clause, as the rubric chose
+        assert HIDDEN_TEST not in [t.name for t in result.tests]
+        assert not completes.passed and "failed on hidden workloads (which and how many is withheld)" in \
+            completes.output
     assert MARK not in _student_visible(result, out)
     assert MARK in (out / "hidden-failures.txt").read_text(encoding="utf-8")
 

@@ -65,7 +65,8 @@ class Bundle:
         """SHA-256 over the entries' paths, kinds, bits and contents: equal bundles, equal digests."""
         h = hashlib.sha256()
         for e in sorted(self.entries, key=lambda e: e.path):
-            h.update(f"{e.kind}\0{e.path}\0{int(e.executable)}\0{e.target}\0{len(e.data)}\0".encode())
+            # os.fsencode: a name or link target of any bytes (a Latin-1 file name is a lone surrogate here)
+            h.update(os.fsencode(f"{e.kind}\0{e.path}\0{int(e.executable)}\0{e.target}\0{len(e.data)}\0"))
             h.update(e.data)
         return h.hexdigest()
 
@@ -166,7 +167,7 @@ def _checked(bundle: object) -> Bundle:
         if not isinstance(entry.path, str) or not isinstance(entry.data, bytes) or not isinstance(entry.target, str):
             raise BundleError(f"{where}: fields of the wrong type")
         parts = entry.path.split("/")
-        if len(entry.path) > _MAX_PATH or not all(plain_name(p) for p in parts):
+        if len(entry.path) > _MAX_PATH or not all(_component(p) for p in parts):
             raise BundleError(f"{where}: not a plain relative path (empty, '.', '..', absolute or odd characters)")
         if entry.path in seen:
             raise BundleError(f"{where}: appears twice")
@@ -190,6 +191,16 @@ def _checked(bundle: object) -> Bundle:
         if len(bundle.entries) != 1 or only.kind != "file" or only.path != f"{name}.py":
             raise BundleError(f"bundle {name}: a one-file submission must be the single file {name}.py")
     return bundle
+
+
+def _component(part: str) -> bool:
+    """One path component of a file inside a submission: any bytes a file system allows (a name of
+    invalid UTF-8 arrives as lone surrogates), but not empty, ``.``, ``..``, nor holding ``/`` or NUL."""
+    try:
+        size = len(os.fsencode(part))
+    except UnicodeEncodeError:  # a surrogate no file name decodes to: not a name from a file system
+        return False
+    return 0 < size <= 255 and part not in (".", "..") and "/" not in part and "\0" not in part
 
 
 def plain_name(part: str) -> bool:

@@ -37,7 +37,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from .. import untrusted
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
+from ..sandbox import reaper
 from ..sandbox.files import link_refusal
 from .bundle import BundleError, pack
 from .evaluate import Submission, apply_rubric, grade_submission, unjudged
@@ -46,20 +48,25 @@ from .plan import Plan, build_plan
 from .progress import HEARTBEAT_SECONDS, Progress
 from .results import SubmissionResult, TestResult, write_json, write_summary
 from .rubric import Rubric, load_rubric
-from .shards import MergeError, RunRecord, kit_version, merge, parse_shard, plan_fingerprint, rubric_fingerprint, \
-    shard_of
+from .shards import RECORD, MergeError, RunRecord, kit_version, merge, parse_shard, plan_fingerprint, \
+    rubric_fingerprint, shard_of
 
 __all__ = ["discover", "grade_all", "main"]
 
 GRADESCOPE_ROOT = "/autograder"
+SUMMARY = "summary.csv"
+OUTPUT_NAMES = (SUMMARY, RECORD)
+"""What a run writes beside the submissions' folders: no submission is ever named so."""
 
 
 def discover(folder: Path) -> list[Submission]:
     """The submissions in ``folder``, sorted by name; ValueError when two share a name.
 
-    A submission that is a symbolic link (a ``.py`` file or a folder), or a
-    folder whose only modules are links, is listed refused (``Submission.refused``):
-    it is graded 0, saying why, and nothing is read through the link.
+    Every ``.py`` file and every folder not starting with ``.`` or ``_`` is a submission.  Its name is the
+    kit's name for the file stem or folder name (``untrusted.name``: any bytes, never an output's name), so
+    no name stops the class.  A submission that is a symbolic link (a ``.py`` file or a folder), or a
+    folder whose only modules are links, is listed refused (``Submission.refused``); a folder with nothing
+    to grade is listed with its problem: both are graded 0, saying why, and nothing is read through a link.
     """
     found: dict[str, Submission] = {}
     for entry in sorted(folder.iterdir()):
@@ -68,17 +75,25 @@ def discover(folder: Path) -> list[Submission]:
         if entry.is_symlink():
             if entry.suffix not in (".py", ""):
                 continue
-            sub = Submission(entry.stem, str(entry), LoadSpec(str(entry)), refused=link_refusal(entry.name))
+            sub = Submission(submission_name(entry.stem), str(entry), LoadSpec(str(entry)),
+                             refused=link_refusal(untrusted.line(entry.name, 200)))
         elif entry.is_file() and entry.suffix == ".py":
-            sub = Submission(entry.stem, str(entry), _single_file(entry))
-        elif entry.is_dir() and (held := folder_submission(entry, entry.name)) is not None:
-            sub = held
+            sub = Submission(submission_name(entry.stem), str(entry), _single_file(entry))
+        elif entry.is_dir():
+            sub = folder_submission(entry, submission_name(entry.name)) or _empty_folder(entry)
         else:
             continue
         if sub.name in found:
-            raise ValueError(f"two submissions are named {sub.name!r}: {found[sub.name].path} and {sub.path}")
+            raise ValueError(f"two submissions are named {sub.name!r}: "
+                             f"{untrusted.line(found[sub.name].path)} and {untrusted.line(sub.path)}")
         found[sub.name] = sub
     return list(found.values())
+
+
+def submission_name(raw: str) -> str:
+    """The name a submission is graded under, from its file stem or folder name: ``untrusted.name``, kept
+    apart from the outputs written beside the submissions' folders."""
+    return untrusted.name(raw, reserved=OUTPUT_NAMES)
 
 
 def folder_submission(folder: Path, name: str) -> Submission | None:
@@ -96,6 +111,16 @@ def folder_submission(folder: Path, name: str) -> Submission | None:
     linked = _linked_modules(folder)
     return Submission(name, str(folder), LoadSpec(str(folder)), refused=link_refusal(", ".join(linked))) \
         if linked else None
+
+
+def _empty_folder(folder: Path) -> Submission:
+    """A folder of the class with nothing the kit grades: its row says so, and where a scheduler seems to be."""
+    nested = sorted(p.parent.name for p in folder.glob(f"*/{MANIFEST}"))
+    nested += sorted({p.parent.name for p in folder.glob("*/*.py")} - set(nested))
+    hint = (f"; the folder {untrusted.line(nested[0], 80)}/ inside it holds one: hand in the files themselves, "
+            f"not a folder around them" if nested else "")
+    return Submission(submission_name(folder.name), str(folder), LoadSpec(str(folder)),
+                      problem=f"no .py file or {MANIFEST} at the top of the submission{hint}")
 
 
 def _linked_modules(folder: Path) -> list[str]:
@@ -127,10 +152,13 @@ def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path
     start = time.monotonic()
     try:
         result = grade_submission(submission, rubric, plan, out_dir, sandbox)
+        if reaper.adopted():  # a process the submission left behind (setsid, double fork) dies before its results
+            reaper.sweep()
     except Exception as exc:  # a grader bug must not cost the other submissions their results
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
-        result = _grader_failure(submission.name, rubric, f"{type(exc).__name__}: {exc}", time.monotonic() - start)
-        result.output += "\n" + detail
+        result = _grader_failure(submission.name, rubric, plan, f"{type(exc).__name__}: {exc}",
+                                 time.monotonic() - start)
+        result.output += "\n" + untrusted.text(detail)
     document = result.gradescope()
     issues = _schema_issues(document)
     if issues:
@@ -139,9 +167,10 @@ def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path
     return result
 
 
-def _grader_failure(name: str, rubric: Rubric, what: str, seconds: float) -> SubmissionResult:
+def _grader_failure(name: str, rubric: Rubric, plan: Plan, what: str, seconds: float) -> SubmissionResult:
     """Every test of the run at 0, saying the grader (not the submission) failed."""
-    tests = unjudged(rubric, f"the grader failed on this submission ({what}); report this to the course staff")
+    what = untrusted.text(what)
+    tests = unjudged(rubric, f"the grader failed on this submission ({what}); report this to the course staff", plan)
     apply_rubric(tests, rubric)
     return SubmissionResult(name, tests, f"the grader failed on this submission ({what}); report this to the "
                             f"course staff", seconds, extra={"grader_error": True})
@@ -179,11 +208,11 @@ def grade_all(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out
             continue
         name, outcome = event
         if isinstance(outcome, Exception):
-            outcome = _grader_failure(name, rubric, f"{type(outcome).__name__}: {outcome}", 0.0)
+            outcome = _grader_failure(name, rubric, plan, f"{type(outcome).__name__}: {outcome}", 0.0)
             _write_result(out / name, outcome)
         results.append(outcome)
         tracker.finished(outcome)
-    write_summary(out / "summary.csv", results)
+    write_summary(out / SUMMARY, results)
     return results
 
 
@@ -199,7 +228,7 @@ def _progress(total: int, jobs: int, ray: str | None, enabled: bool) -> Progress
 def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
              sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
     """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats)."""
-    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=reaper.adopt_orphans) as pool:
         pending = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s.name for s in submissions}
         while pending:
             done, _ = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
@@ -218,6 +247,30 @@ def _write_result(out_dir: Path, result: SubmissionResult) -> None:
     if out_dir.exists():
         shutil.rmtree(out_dir)
     write_json(out_dir / "results.json", result.gradescope())
+
+
+def _gradescope(submission: Submission, rubric: Rubric, plan: Plan, out: Path, sandbox: str) -> int:
+    """Grade Gradescope's one submission into ``out/results.json``, which that submission must not reach.
+
+    Grading runs only contained (bubblewrap: the submission sees neither ``out`` nor any process outside
+    its own namespace); without it the kit refuses to write a verdict it cannot protect (exit 2, and a
+    results.json saying why, written before any of the submission's code ran).  The verdict is written
+    from memory once no process the submission started is left (``reaper``).
+    """
+    if sandbox != "bwrap":
+        problem = ("the autograder cannot protect its results: bubblewrap does not run on this machine, so the "
+                   "submission would run as a plain process able to rewrite results.json; the course staff "
+                   "must install it in setup.sh (apt-get install -y bubblewrap), as the kit's example does")
+        print(f"error: {problem}", file=sys.stderr)
+        write_json(out / "results.json", _grader_failure(submission.name, rubric, plan, problem, 0.0).gradescope())
+        return 2
+    reaper.adopt_orphans()
+    result = _grade_one(submission, rubric, plan, out / "_grading", sandbox)
+    reaper.sweep()
+    (out / "_grading" / "results.json").unlink(missing_ok=True)  # the verdict is the one in memory, not that file
+    write_json(out / "results.json", result.gradescope())
+    print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")
+    return 1 if result.extra.get("grader_error") else 0
 
 
 def run_record(found: Sequence[Submission], graded: Sequence[Submission], rubric: Rubric, plan: Plan,
@@ -266,7 +319,7 @@ def merge_main(argv: Sequence[str]) -> int:
     try:
         record = merge([Path(o) for o in args.outputs], Path(args.out))
     except MergeError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {untrusted.text(str(exc))}", file=sys.stderr)
         return 2
     print(f"{len(record.graded)} submissions from {len(args.outputs)} outputs -> {Path(args.out) / 'summary.csv'}")
     return 0
@@ -321,18 +374,15 @@ def main(argv: Sequence[str]) -> int:
         tracker = _progress(len(submissions), args.jobs, args.ray, not (args.quiet or args.gradescope))
         plan = build_plan(rubric, args.traces)
     except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {untrusted.text(str(exc))}", file=sys.stderr)
         return 2
     if args.gradescope:
-        result = _grade_one(submissions[0], rubric, plan, out / "_grading", sandbox)
-        shutil.move(str(out / "_grading" / "results.json"), out / "results.json")
-        print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")
-        return 1 if result.extra.get("grader_error") else 0
+        return _gradescope(submissions[0], rubric, plan, out, sandbox)
     record = run_record(found, submissions, rubric, plan, shard)
     try:
         results = grade_all(submissions, rubric, plan, out, args.jobs, progress=tracker, sandbox=sandbox, ray=args.ray)
     except (OSError, ValueError) as exc:  # no cluster there, none can run a task, or no ray: nothing was graded
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {untrusted.text(str(exc))}", file=sys.stderr)
         return 2
     record.write(out)
     for result in sorted(results, key=lambda r: r.name):

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .. import untrusted
 from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
 from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
-from .plan import Case, Plan
+from .plan import HIDDEN_TEST, Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
 
@@ -36,6 +37,7 @@ __all__ = ["Submission", "apply_rubric", "contract_clauses", "grade_implementati
 
 _SHOWN_LABELS = 8
 _NOTES_LIMIT = 4000
+_EXPLAINED_HIDDEN = 8  # hidden failures explained in full (with a shrunk trace) in hidden-failures.txt
 
 
 @dataclass(frozen=True)
@@ -72,24 +74,26 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     notes = [f"submission {submission.name}: graded by pytest-cbatch in an isolated child process "
              f"({rubric.limits.describe()})", plan.generation]
     if submission.refused is not None:
-        return _refuse(submission.name, rubric, notes, start, submission.refused, [submission.refused])
+        return _refuse(submission.name, rubric, plan, notes, start, submission.refused, [submission.refused])
     problem = submission.problem or _program_problem(submission, rubric)
     if problem:
-        tests = unjudged(rubric, f"the submission could not be graded: {problem}")
-        return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start)
+        tests = unjudged(rubric, f"the submission could not be graded: {problem}", plan)
+        return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start,
+                       plan=plan)
     guard = KitGuard(refuse=rubric.kit_imports == "refuse")
     try:
         impl = _isolated(submission, rubric, sandbox, guard)
     except ImplementationError as exc:
         if guard.found:
-            return _kit_used(submission.name, rubric, notes, start, guard, [])
+            return _kit_used(submission.name, rubric, plan, notes, start, guard, [])
         message = str(exc).split(": ", 1)[-1]
-        tests = unjudged(rubric, f"the submission could not be loaded:\n{message}")
-        return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start)
+        tests = unjudged(rubric, f"the submission could not be loaded:\n{message}", plan)
+        return _finish(submission.name, rubric, tests, notes + [f"could not load the submission: {message}"], start,
+                       plan=plan)
     flags = [f"left out of the copy: {', '.join(impl.sandbox.left_out)}"] if impl.sandbox.left_out else []
     if guard.found and guard.refuse:  # a use at import time that the submission caught: no need to run it
         impl.close()
-        return _kit_used(submission.name, rubric, notes, start, guard, flags)
+        return _kit_used(submission.name, rubric, plan, notes, start, guard, flags)
     notes[0] += (", contained by bubblewrap" if impl.sandbox.mode == "bwrap"
                  else ", NOT contained (no bubblewrap on the grading machine)")
     notes += flags
@@ -103,7 +107,7 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         if hidden is not None:
             hidden.close()
     if guard.found and guard.refuse:
-        return _kit_used(submission.name, rubric, notes, start, guard, flags)
+        return _kit_used(submission.name, rubric, plan, notes, start, guard, flags)
     flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
     if flags:
         result.extra["flags"] = flags
@@ -117,14 +121,14 @@ def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGu
                                   runtimes=rubric.runtimes, guard=guard)
 
 
-def _kit_used(name: str, rubric: Rubric, notes: list[str], start: float, guard: KitGuard,
+def _kit_used(name: str, rubric: Rubric, plan: Plan, notes: list[str], start: float, guard: KitGuard,
               flags: list[str]) -> SubmissionResult:
     """Every test 0: the submission used the kit's code, which the rubric refuses (``kit_imports``)."""
     uses = guard.uses()
     reason = (f"it uses the kit's own code, and the kit is what judges it (the reference is not a submission): "
               f"{'; '.join(uses)}. Remove that use and submit again; a course that allows it sets [grading] "
               f"kit_imports = \"allow\" in the rubric")
-    return _refuse(name, rubric, notes, start, reason, flags + [f"uses the kit's code: {use}" for use in uses])
+    return _refuse(name, rubric, plan, notes, start, reason, flags + [f"uses the kit's code: {use}" for use in uses])
 
 
 class _Unavailable(Implementation):
@@ -154,11 +158,11 @@ def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: K
         return _Unavailable(submission.name, f"the child for the hidden workloads could not start: {exc}")
 
 
-def _refuse(name: str, rubric: Rubric, notes: list[str], start: float, reason: str,
+def _refuse(name: str, rubric: Rubric, plan: Plan, notes: list[str], start: float, reason: str,
             flags: list[str]) -> SubmissionResult:
     """Every test 0, saying why the submission is refused (a link, an import of the kit)."""
-    tests = unjudged(rubric, f"the submission is refused: {reason}")
-    return _finish(name, rubric, tests, notes + [f"refused: {reason}"], start, flags=flags)
+    tests = unjudged(rubric, f"the submission is refused: {reason}", plan)
+    return _finish(name, rubric, tests, notes + [f"refused: {reason}"], start, flags=flags, plan=plan)
 
 
 def _program_problem(submission: Submission, rubric: Rubric) -> str | None:
@@ -191,19 +195,22 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     elif "scheduler" in rubric.parts:
         judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
         tests += _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
+    if "scheduler" in rubric.parts and plan.hidden_outcome and impl.fn is None:
+        tests.append(TestResult(HIDDEN_TEST, False, "", tags=["hidden"], unjudged=absent))
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
         tests += _numeric_tests(impl, rubric, notes)
-    if hidden_log:
-        (out_dir / "hidden-failures.txt").write_text("\n\n".join(hidden_log) + "\n", encoding="utf-8")
-    return _finish(name, rubric, tests, notes, start)
+    if hidden_log:  # the instructor's: it quotes the submission's own messages, made safe to write
+        (out_dir / "hidden-failures.txt").write_text(untrusted.text("\n\n".join(hidden_log), None) + "\n",
+                                                     encoding="utf-8")
+    return _finish(name, rubric, tests, notes, start, plan=plan)
 
 
 def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
-            flags: list[str] | None = None) -> SubmissionResult:
+            flags: list[str] | None = None, plan: Plan | None = None) -> SubmissionResult:
     """The result of ``tests``; ``flags`` (what the instructor should look at) go to summary.csv's column."""
-    expected = rubric_tests(rubric)
+    expected = rubric_tests(rubric, plan)
     assert [t.name for t in tests] == expected, "every submission of a run is graded on the same tests"
     apply_rubric(tests, rubric)
     extra: dict[str, Any] = {"seed": rubric.seed, "rubric": Path(rubric.source).name}
@@ -217,17 +224,20 @@ def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str]
     return result
 
 
-def rubric_tests(rubric: Rubric) -> list[str]:
-    """The tests of every submission graded under ``rubric`` on this machine, in order.
+def rubric_tests(rubric: Rubric, plan: Plan | None = None) -> list[str]:
+    """The tests of every submission graded under ``rubric`` (and ``plan``'s workloads) on this machine, in order.
 
     ``[grading].parts`` selects the parts; numeric checks count where the
-    rubric asks for them and torch is installed (the same for every submission).
+    rubric asks for them and torch is installed (the same for every submission);
+    ``HIDDEN_TEST`` where the plan's hidden workloads score apart (``[hidden] reveal = "outcome"``).
     """
     from ..lifecycle import LIFECYCLE_CLAUSES
 
     names: list[str] = []
     if "scheduler" in rubric.parts:
         names += [f"contract.{c}" for c in contract_clauses(rubric)]
+        if plan is not None and plan.hidden_outcome:
+            names.append(HIDDEN_TEST)
     if "lifecycle" in rubric.parts:
         names += list(LIFECYCLE_CLAUSES)
     if "numerics" in rubric.parts:
@@ -249,9 +259,11 @@ def apply_rubric(tests: list[TestResult], rubric: Rubric) -> None:
             test.output = f"not judged: {test.unjudged}\n(0 of {rule.points:g} points)"
 
 
-def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
-    """Every test of ``rubric``, not judged for ``reason`` (a submission that could not be graded at all)."""
-    return [TestResult(name, False, "", tags=[name.split(".")[0]], unjudged=reason) for name in rubric_tests(rubric)]
+def unjudged(rubric: Rubric, reason: str, plan: Plan | None = None) -> list[TestResult]:
+    """Every test of ``rubric`` (and ``plan``), not judged for ``reason`` (a submission that could not be
+    graded at all)."""
+    return [TestResult(name, False, "", tags=[name.split(".")[0]], unjudged=reason)
+            for name in rubric_tests(rubric, plan)]
 
 
 # ------------------------------------------------------------------ contract
@@ -261,17 +273,37 @@ def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Pl
                     hidden_log: list[str]) -> list[TestResult]:
     """One test per clause.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those."""
     tallies = {cid: _Tally() for cid in clauses}
+    apart = _Tally()  # the hidden workloads, when they score in HIDDEN_TEST alone
     for case in plan.cases:
         judge = judges["hidden" if case.kind == "hidden" else "visible"]
         withheld = case.kind == "hidden" and not plan.hidden_visible
         for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
-            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config), withheld)
+            result = judge.judge(cid, list(case.trace), case.config)
+            _count(apart if withheld and plan.hidden_outcome else tallies[cid], case, result, withheld)
         judge.forget()  # a report lives while its workload is judged, not for the rest of the part
     for case in plan.invalid:
         _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
+    tests = [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
+    if plan.hidden_outcome:
+        tests.append(_hidden_test(judges["hidden"], apart, spec, out_dir, hidden_log))
+    return tests
+
+
+def _hidden_test(judge: Judge, tally: _Tally, spec: str, out_dir: Path, hidden_log: list[str]) -> TestResult:
+    """``HIDDEN_TEST``: passed when every clause held on every hidden workload.  All a student learns of the
+    hidden workloads is this one outcome; which failed, which clause, how and how many go to the
+    instructor's hidden-failures.txt."""
+    for number, (case, result) in enumerate(tally.hidden_failed):
+        explained = result.status == "fail" and number < _EXPLAINED_HIDDEN  # each explanation shrinks a trace
+        hidden_log.append(_explain(judge, result.clause, case, result, spec, out_dir, write=False)[0] if explained
+                          else f"[{result.clause}] {case.label}: {result.status}: "
+                               f"{result.reason or '; '.join(v.message for v in result.violations[:3])}")
+    if tally.hidden_failed:
+        return TestResult(HIDDEN_TEST, False, "failed: the submission failed the contract on the hidden workloads "
+                          "(which, how and how often is withheld; the course staff have the details)", tags=["hidden"])
+    return TestResult(HIDDEN_TEST, True, "passed: every clause held on every hidden workload", tags=["hidden"])
 
 
 def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
@@ -319,7 +351,8 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
         hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)[0]
                           if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
     kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
-    withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
+    withheld = (plan.counts()["hidden"] if not plan.hidden_visible and not plan.hidden_outcome
+                and cid != "invalid_input_refused" else 0)
     if not tally.failed and not tally.blocked and not tally.hidden_failed:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
                           + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
@@ -366,7 +399,7 @@ def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
 def _kinds(tally: _Tally, plan: Plan) -> str:
     counts = plan.counts()
     parts = [f"{counts['fixed']} fixed", f"{counts['generated']} generated"]
-    if counts["hidden"]:
+    if counts["hidden"] and not plan.hidden_outcome:
         parts.append(f"{counts['hidden']} hidden")
     if tally.skipped:
         parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")

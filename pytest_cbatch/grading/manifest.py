@@ -6,7 +6,8 @@
 The command speaks the kit's ``exec:`` protocol (see ``sandbox.program``) and
 runs inside the same sandbox as a Python submission, in its working copy of
 the folder.  The manifest is the student's, so it is untrusted input: it is
-read only when it is a plain file of at most 16 KiB of UTF-8 TOML, with one
+read only when it is a plain file (never through a link, never a FIFO or a
+device: ``untrusted.read_file``) of at most 16 KiB of UTF-8 TOML, with one
 table ``[submission]`` holding one key ``exec``, a command line of at most
 1000 characters; anything else is refused with a message that names the
 problem, and the submission's results say so.  The command is a file of the
@@ -22,6 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from .. import untrusted
 from ..sandbox.limits import sandbox_path
 from ..sandbox.program import find_command
 
@@ -44,18 +46,21 @@ class ManifestError(ValueError):
 
 def read_manifest(folder: str | Path) -> tuple[str, ...]:
     """The command (argv) that ``folder``'s manifest names; ManifestError when it is not a valid manifest."""
-    path = Path(folder) / MANIFEST
-    if path.is_symlink() or not path.is_file():
-        raise ManifestError(f"{MANIFEST} must be a plain file of the submission, not a link or a folder")
-    raw = path.read_bytes()[: _MAX_BYTES + 1]
-    if len(raw) > _MAX_BYTES:
-        raise ManifestError(f"{MANIFEST} is larger than {_MAX_BYTES >> 10} KiB; it holds only:\n{_EXAMPLE}")
+    try:
+        raw = untrusted.read_file(Path(folder) / MANIFEST, _MAX_BYTES)
+    except untrusted.UntrustedFile as exc:
+        raise ManifestError(f"{MANIFEST} {exc}; it must be a plain file of the submission, holding "
+                            f"only:\n{_EXAMPLE}") from None
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ManifestError(f"{MANIFEST} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ManifestError(f"{MANIFEST} is not valid TOML ({exc}); it should read:\n{_EXAMPLE}") from None
+        raise ManifestError(f"{MANIFEST} is not valid TOML ({untrusted.line(str(exc), 200)}); it should "
+                            f"read:\n{_EXAMPLE}") from None
+    except RecursionError:  # arrays or tables nested thousands deep: the parser's recursion bounds them
+        raise ManifestError(f"{MANIFEST} nests arrays or tables too deep to be a manifest; it holds only:\n"
+                            f"{_EXAMPLE}") from None
     _only(data, "submission", "unknown key(s) or table(s)", f"it holds only:\n{_EXAMPLE}")
     table = data.get("submission")
     if not isinstance(table, dict):
@@ -63,7 +68,7 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
     _only(table, "exec", "[submission] has unknown key(s)", "the only key is exec, the command line")
     command = table.get("exec")
     if not isinstance(command, str):
-        got = "nothing" if command is None else f"{command!r:.60} (of type {type(command).__name__})"
+        got = "nothing" if command is None else f"a value of type {type(command).__name__}"
         raise ManifestError(f"{MANIFEST}: [submission].exec must be a string, the command line that runs the "
                             f"scheduler (e.g. \"node scheduler_sim.js\"); got {got}")
     if len(command) > _MAX_COMMAND or any(ch in command for ch in "\0\n\r"):
@@ -72,7 +77,8 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise ManifestError(f"{MANIFEST}: [submission].exec is not a command line ({exc}): {command!r}") from None
+        raise ManifestError(f"{MANIFEST}: [submission].exec is not a command line ({exc}): "
+                            f"{untrusted.line(command, 200)}") from None
     if not argv:
         raise ManifestError(f"{MANIFEST}: [submission].exec is empty; name the command, e.g. "
                             f"\"node scheduler_sim.js\"")
@@ -82,7 +88,8 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
 def _only(table: dict, known: str, what: str, hint: str) -> None:
     unknown = sorted(set(table) - {known})
     if unknown:
-        raise ManifestError(f"{MANIFEST}: {what} {', '.join(map(repr, unknown))}; {hint}")
+        shown = ", ".join(repr(untrusted.line(key, 60)) for key in unknown[:5])
+        raise ManifestError(f"{MANIFEST}: {what} {shown}{' ...' if len(unknown) > 5 else ''}; {hint}")
 
 
 def command_problem(argv: tuple[str, ...], folder: str | Path, runtimes: tuple[str, ...] = ()) -> str | None:

@@ -19,7 +19,10 @@ from ..spelling import unknown_name
 from ..workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS
 from .rubric import Rubric
 
-__all__ = ["Case", "Plan", "build_plan", "load_hidden_trace"]
+__all__ = ["HIDDEN_TEST", "Case", "Plan", "build_plan", "load_hidden_trace"]
+
+HIDDEN_TEST = "hidden.workloads"
+"""The one test the hidden workloads score in when the rubric reveals only their outcome."""
 
 _CONFIG_KEYS = (*BASE_CONFIG, "admission")
 
@@ -42,6 +45,7 @@ class Plan:
     invalid: tuple[Case, ...]
     generation: str
     hidden_visible: bool
+    hidden_outcome: bool = False  # hidden workloads judged apart, in one test (``HIDDEN_TEST``), not per clause
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {"fixed": 0, "generated": 0, "hidden": 0}
@@ -71,7 +75,9 @@ def build_plan(rubric: Rubric, traces_dir: str | Path | None = None) -> Plan:
             cases.append(Case(path.stem, "hidden", tuple(trace), config))
     invalid = tuple(Case(name, "invalid", tuple(trace), {**BASE_CONFIG, **overrides})
                     for name, (trace, overrides) in INVALID_INPUTS.items())
-    return Plan(tuple(cases), invalid, generation, rubric.hidden_visibility != "hidden")
+    visible = rubric.hidden_visibility != "hidden"
+    outcome = not visible and rubric.hidden_reveal == "outcome" and any(c.kind == "hidden" for c in cases)
+    return Plan(tuple(cases), invalid, generation, visible, outcome)
 
 
 def load_hidden_trace(path: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:

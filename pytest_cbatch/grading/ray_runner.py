@@ -17,6 +17,7 @@ once, when its task finishes, so none is lost or reported twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import socket
@@ -88,11 +89,13 @@ def grade_remote(bundle: Bundle, rubric: Rubric, plan: Plan, sandbox: str, kit: 
         raise WorkerRefused(f"the worker on {node} cannot grade in the sandbox the run requires: {exc}") from None
     with tempfile.TemporaryDirectory(prefix="cbatch-ray-") as tmp:
         (Path(tmp) / "in").mkdir()
-        unpack(bundle, Path(tmp) / "in")
+        made = unpack(bundle, Path(tmp) / "in")
         found = discover(Path(tmp) / "in")
-        if [s.name for s in found] != [bundle.name]:
+        if [s.path for s in found] != [str(made)]:
             raise BundleError(f"bundle {bundle.name}: unpacked, it is found as {[s.name for s in found]}")
-        submission = found[0]
+        # The bundle's name is already the kit's name for the original (``untrusted.name``), which the
+        # unpacked copy's own name would encode once more: the submission keeps the name it has on the driver.
+        submission = dataclasses.replace(found[0], name=bundle.name)
         out_dir = Path(tmp) / "out" / submission.name
         result = grade_one(submission, rubric, plan, out_dir, mode)
         files = tuple((p.name, p.read_bytes()) for p in sorted(out_dir.iterdir()) if p.is_file())

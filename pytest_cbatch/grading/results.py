@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import csv
 import html
+import io
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
+
+from .. import untrusted
 
 __all__ = ["SubmissionResult", "TestResult", "write_json", "write_summary"]
 
@@ -73,32 +77,49 @@ class SubmissionResult:
 
 
 def write_json(path: Path, document: Any) -> None:
-    """Write ``document`` atomically (a reader never sees half a file)."""
+    """Write ``document`` atomically (a reader never sees half a file), every string valid Unicode
+    (``untrusted.document``: a submission's text may hold lone surrogates)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    _replace(path, (json.dumps(untrusted.document(document), indent=2) + "\n").encode("utf-8"))
 
 
 def write_summary(path: Path, results: Sequence[SubmissionResult]) -> None:
     """``summary.csv``: a row per submission (name, score, max, seconds, flags) and a column per test (its score).
 
     ``flags`` lists what the instructor should look at (a refused link, an import of the kit, what the copy
-    left out), ``; ``-separated; empty for an ordinary submission.
+    left out), ``; ``-separated; empty for an ordinary submission.  Every text cell is ``untrusted.cell``:
+    a flag quotes the submission's own file names, and no cell is one a spreadsheet evaluates.
     """
     names: list[str] = []
     for result in results:
         names += [t.name for t in result.tests if t.name not in names]
+    buffer = io.StringIO(newline="")
+    writer = csv.writer(buffer)
+    writer.writerow(["submission", "score", "max_score", "execution_time", "flags", *names])
+    for result in sorted(results, key=lambda r: r.name):
+        scores = {t.name: t.score for t in result.tests}
+        writer.writerow([untrusted.cell(result.name), _num(result.score), _num(result.max_score),
+                         round(result.execution_time, 3), untrusted.cell("; ".join(result.extra.get("flags", []))),
+                         *(_num(scores[n]) if n in scores else "" for n in names)])
+    _replace(path, buffer.getvalue().encode("utf-8"))
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Put ``data`` at ``path`` atomically: a temporary file beside it, created anew (never through a link
+    left there), then renamed over whatever ``path`` was; nothing half-written is left on failure."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(["submission", "score", "max_score", "execution_time", "flags", *names])
-        for result in sorted(results, key=lambda r: r.name):
-            scores = {t.name: t.score for t in result.tests}
-            writer.writerow([result.name, _num(result.score), _num(result.max_score),
-                             round(result.execution_time, 3), "; ".join(result.extra.get("flags", [])),
-                             *(_num(scores[n]) if n in scores else "" for n in names)])
-    os.replace(tmp, path)
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _num(value: float) -> str:

@@ -23,6 +23,8 @@ shipped ``default_rubric.toml``)::
     [hidden]
     traces = "hidden"          # folder of JSONL traces, relative to the rubric (or --traces DIR)
     visibility = "hidden"      # "hidden": their names and contents never reach student-visible output
+    reveal = "outcome"         # what a student learns of them: "outcome", one test hidden.workloads (one bit
+                               # per submission); "clauses", each clause's test says whether they failed it
 
     [tests]                    # test name or glob -> points and visibility; the first match wins
     "contract.completes" = { points = 4 }
@@ -58,9 +60,10 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
+__all__ = ["HIDDEN_REVEALS", "PARTS", "VISIBILITIES", "Rubric", "TestRule", "load_rubric"]
 
 VISIBILITIES = ("visible", "after_due_date", "hidden", "after_published")
+HIDDEN_REVEALS = ("outcome", "clauses")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
                  "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
@@ -98,6 +101,7 @@ class Rubric:
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
+    hidden_reveal: str = "outcome"
     rules: tuple[TestRule, ...] = ()
 
     def rule_for(self, test: str) -> TestRule:
@@ -123,7 +127,10 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
     _known(data, ("grading", "limits", "hidden", "tests"), f"{source}:", "table")
     grading = _grading(data.get("grading", {}), source)
     hidden = data.get("hidden", {})
-    _known(hidden, ("traces", "visibility"), f"{source}: [hidden]", "key")
+    _known(hidden, ("traces", "visibility", "reveal"), f"{source}: [hidden]", "key")
+    if hidden.get("reveal", "outcome") not in HIDDEN_REVEALS:
+        raise ValueError(f"{source}: [hidden].reveal must be one of {', '.join(HIDDEN_REVEALS)}, "
+                         f"got {hidden['reveal']!r}")
     limits = data.get("limits", {})
     _known(limits, [f.name for f in fields(Limits) if f.name != "names"], f"{source}: [limits]", "key")
     for key, value in limits.items():  # nan passes every comparison and inf never fires: neither is a limit
@@ -137,6 +144,7 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         limits=Limits.from_mapping(limits, f"{source}: [limits]"),
         hidden_traces=(base / traces) if traces is not None and base is not None else None,
         hidden_visibility=_visibility(hidden.get("visibility", "hidden"), f"{source}: [hidden].visibility"),
+        hidden_reveal=hidden.get("reveal", "outcome"),
         rules=tuple(_rule(pattern, value, source) for pattern, value in data.get("tests", {}).items()),
         **grading,
     )

@@ -75,7 +75,7 @@ def plan_fingerprint(plan: Plan) -> str:
     """SHA-256 of every workload and invalid input graded, in order, and whether hidden ones are shown."""
     return _sha({"cases": [[c.label, c.kind, c.trace, c.config] for c in plan.cases],
                  "invalid": [[c.label, c.trace, c.config] for c in plan.invalid],
-                 "hidden_visible": plan.hidden_visible})
+                 "hidden_visible": plan.hidden_visible, "hidden_outcome": plan.hidden_outcome})
 
 
 def _sha(value: Any) -> str:

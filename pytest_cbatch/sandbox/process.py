@@ -29,6 +29,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import untrusted
 from ..bounded import CallTimedOut
 from .bwrap import Confinement, confine, kit_folders, resolve_mode
 from .files import SubmissionRefused, copy_submission
@@ -94,7 +95,7 @@ class _Output:
     def tail_note(self) -> str:
         if not self.total:
             return ""
-        text = self.kept.decode("utf-8", "replace").strip()
+        text = untrusted.text(self.kept.decode("utf-8", "replace").strip(), None)  # its bytes: shown escaped
         more = f" (first {len(self.kept)} of {self.total} bytes)" if self.total > len(self.kept) else ""
         return f"\n  its output{more}:\n    " + "\n    ".join(text.splitlines()[-12:])
 
@@ -184,8 +185,8 @@ class Sandbox:
                                             f"(limit import_seconds){self._output.tail_note()}") from exc
         if "load_failed" in reply:
             self.kill()
-            raise SandboxFailure("load", f"importing the {self.label} failed: {reply['load_failed']}\n"
-                                         f"{reply.get('traceback', '')}".rstrip())
+            raise SandboxFailure("load", f"importing the {self.label} failed: {untrusted.text(reply['load_failed'])}\n"
+                                         f"{untrusted.text(reply.get('traceback', ''), 4000)}".rstrip())
         self.description = reply.get("ok")
         if not isinstance(self.description, dict):
             self.kill()

@@ -377,8 +377,11 @@ def describe_line(line: dict[str, Any]) -> str:
     if "c" in line:
         return f"a call of {line['c'][1]!r:.200}" if isinstance(line["c"], list) and len(line["c"]) > 2 else "a call"
     if "raised" in line:
+        from .. import untrusted  # the grader's side only: the child never describes a line
+
         found = line["raised"]
-        return f"an error: {found.get('type')}: {found.get('message')}" if isinstance(found, dict) else "an error"
+        return (f"an error: {untrusted.line(found.get('type'), 80)}: {untrusted.line(found.get('message'), 500)}"
+                if isinstance(found, dict) else "an error")
     return f"{line!r:.200}"
 
 

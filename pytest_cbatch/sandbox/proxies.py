@@ -17,12 +17,13 @@ import os
 import weakref
 from typing import Any, TypeVar
 
+from .. import untrusted
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
 from .limits import Limits
 from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
 from .protocol import decode
-from .remote import Channel, RemoteNamespace, RemoteObject
+from .remote import Channel, RemoteNamespace, RemoteObject, exit_value, raised_text
 
 __all__ = ["IsolatedImplementation", "LiveChannel", "RemoteObject", "SandboxFailure", "load_spec_for"]
 
@@ -101,19 +102,19 @@ class _RemoteSimulate:
             if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
                 raise Stopped(str(exc), exc.stack) from None
             raise BrokenOutput(str(exc)) from None
+        # Every word of the reply is the child's, which the submission may have written: bounded text only.
         if "unsupported" in reply:
-            raise Unsupported(f"{self.sandbox.label} raised {reply['unsupported']}")
+            raise Unsupported(f"{self.sandbox.label} raised {untrusted.text(reply['unsupported'])}")
         if "memory" in reply:
-            raise BrokenOutput(f"{self.sandbox.label} ran out of memory ({reply['memory']}; limit memory_mb "
-                               f"{self.sandbox.limits.memory_mb} MiB)")
+            raise BrokenOutput(f"{self.sandbox.label} ran out of memory ({untrusted.text(reply['memory'])}; limit "
+                               f"memory_mb {self.sandbox.limits.memory_mb} MiB)")
         if "exited" in reply:
-            raise BrokenOutput(f"{self.sandbox.label} called sys.exit({reply['exited']!r}) instead of returning")
+            raise BrokenOutput(f"{self.sandbox.label} called sys.exit({exit_value(reply['exited'])}) instead of "
+                               f"returning")
         if "broken" in reply:
-            raise BrokenOutput(f"{self.sandbox.label}: {str(reply['broken'])[:2000]}")
+            raise BrokenOutput(f"{self.sandbox.label}: {untrusted.text(reply['broken'])}")
         if "raised" in reply:
-            stack = reply["raised"].get("stack")  # the child's word: text, bounded, shown as the student's traceback
-            raise Refused(f"{reply['raised']['type']}: {reply['raised']['message']}",
-                          stack[-4000:] if isinstance(stack, str) else "")
+            raise Refused(*raised_text(reply["raised"]))
         if "ok" not in reply:
             raise BrokenOutput(f"unexpected reply from the {self.sandbox.label}: {reply!r:.200}")
         if "trace" in reply:  # mirror the child's mutation so Implementation.run reports it

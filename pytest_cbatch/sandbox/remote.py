@@ -20,6 +20,7 @@ import builtins
 import weakref
 from typing import Any, Mapping
 
+from .. import untrusted
 from .protocol import SandboxFailure, decode, encode
 
 __all__ = ["Channel", "RecordChannel", "RemoteClass", "RemoteNamespace", "RemoteObject", "remote_error"]
@@ -28,16 +29,38 @@ _REMOTE_ERRORS: dict[tuple[str, str], type[Exception]] = {}
 
 
 def remote_error(info: Mapping[str, Any]) -> Exception:
-    """An exception of the child's type name, deriving from the built-in it derives from there."""
+    """An exception of the child's type name, deriving from the built-in it derives from there; the name and
+    message are the child's words, so bounded (a name is an identifier of at most 80 characters)."""
     base = getattr(builtins, str(info.get("builtin")), Exception)
     if not (isinstance(base, type) and issubclass(base, Exception)):
         base = Exception
-    name = str(info.get("type", "Exception"))
+    name = _type_name(info.get("type"))
     cls = _REMOTE_ERRORS.get((name, base.__name__))
     if cls is None:
         cls = base if base.__name__ == name else type(name, (base,), {"__module__": "sandboxed"})
         _REMOTE_ERRORS[(name, base.__name__)] = cls
-    return cls(info.get("message", ""))
+    return cls(untrusted.text(info.get("message", "")))
+
+
+def raised_text(info: Any) -> tuple[str, str]:
+    """``("Type: message", traceback)`` of a ``raised`` reply, each bounded (the traceback to its last 4000
+    characters, where the submission's own line is)."""
+    if not isinstance(info, Mapping):
+        return "an exception the child did not describe", ""
+    stack = info.get("stack")
+    return (f"{_type_name(info.get('type'))}: {untrusted.text(info.get('message', ''))}",
+            untrusted.text(stack[-4000:], None) if isinstance(stack, str) else "")
+
+
+def exit_value(value: Any) -> str:
+    """What a submission passed to ``sys.exit``, as its child reported it, for a message: bounded."""
+    if value is None or (type(value) is int and abs(value) < 1 << 63):
+        return repr(value)
+    return repr(untrusted.text(value, 200))
+
+
+def _type_name(name: Any) -> str:
+    return name if isinstance(name, str) and name.isidentifier() and len(name) <= 80 else "Exception"
 
 
 class Channel:
@@ -94,7 +117,7 @@ class Channel:
         if "raised" in reply:
             raise remote_error(reply["raised"])
         if "exited" in reply:
-            raise SandboxFailure("died", f"the {self.label} called sys.exit({reply['exited']!r})")
+            raise SandboxFailure("died", f"the {self.label} called sys.exit({exit_value(reply['exited'])})")
         raise SandboxFailure("garbage", f"unexpected reply from the {self.label}: {reply!r:.200}")
 
     def value(self, reply: dict[str, Any]) -> Any:

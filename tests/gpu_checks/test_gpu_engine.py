@@ -71,6 +71,21 @@ def test_pages_are_freed_at_release_when_the_report_has_one(model: Model) -> Non
     assert peak_pages(streams, done + [{"event": "release", "id": "a"}], 4) == 4
 
 
+def test_a_huge_number_in_a_report_sizes_nothing_before_it_is_validated(model: Model) -> None:
+    import tracemalloc
+
+    streams = _streams(model, TRACE)
+    forged = [_dispatch(("a", "prefill", 8)), _dispatch(("b", "prefill", 40_000_000))]
+    tracemalloc.start()
+    try:
+        with pytest.raises(ScheduleError, match="feeds positions"):
+            peak_pages(streams, forged, 4)
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20  # the pool is the trace's size; sized from the report's 40,000,000 it took 1.8 GB
+
+
 def test_engine_config_is_validated() -> None:
     with pytest.raises(ValueError):
         EngineConfig(pool="huge")
