@@ -424,3 +424,33 @@ def test_discover_lists_a_folder_with_nothing_to_grade(tmp_path: Path) -> None:
     (tmp_path / "_instructor").mkdir()  # a leading _ or . keeps the instructor's own folders out
     found = {s.name: s for s in discover(tmp_path)}
     assert set(found) == {"empty"} and "no .py file or cbatch.toml" in (found["empty"].problem or "")
+
+
+# --------------------------------------------------------- the grader's time
+
+SLOW = '''
+_published_simulate = simulate
+
+
+def simulate(events, **config):
+    import time
+    time.sleep(0.3)
+    return _published_simulate(events, **config)
+'''
+
+
+def test_the_hidden_child_and_the_graders_work_share_the_submissions_time(tmp_path: Path) -> None:
+    text = RUBRIC.replace("call_seconds = 60", "call_seconds = 5\nsubmission_seconds = 2")
+    rubric = load_rubric(_rubric(tmp_path, text + f'"{HIDDEN_TEST}" = {{ points = 5 }}\n'))
+    plan = build_plan(rubric, _hidden(tmp_path / "hidden", "hx1"))
+    folder = _published(tmp_path / "slow", SLOW)
+    sub = Submission("slow", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
+    out = tmp_path / "out"
+    out.mkdir()
+    result = grade_submission(sub, rubric, plan, out, "process")
+    completes = next(t for t in result.tests if t.name == "contract.completes")
+    used_up = "used up its 2 s (limit submission_seconds: its calls and the grader's work"
+    assert not completes.passed and used_up in completes.output
+    hidden = next(t for t in result.tests if t.name == HIDDEN_TEST)
+    assert not hidden.passed  # its child had no time of its own left: the workloads are the submission's
+    assert used_up in (out / "hidden-failures.txt").read_text(encoding="utf-8")

@@ -28,6 +28,7 @@ from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
 from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
+from ..sandbox.limits import Deadline
 from .plan import HIDDEN_TEST, Case, Plan
 from .results import SubmissionResult, TestResult
 from .rubric import Rubric
@@ -81,8 +82,9 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         return _finish(submission.name, rubric, tests, notes + [f"could not grade the submission: {problem}"], start,
                        plan=plan)
     guard = KitGuard(refuse=rubric.kit_imports == "refuse")
+    deadline = Deadline(rubric.limits.submission_seconds)  # every child of it, and the grader's work, together
     try:
-        impl = _isolated(submission, rubric, sandbox, guard)
+        impl = _isolated(submission, rubric, sandbox, guard, deadline)
     except ImplementationError as exc:
         if guard.found:
             return _kit_used(submission.name, rubric, plan, notes, start, guard, [])
@@ -100,7 +102,7 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     hidden: Implementation | None = None
     try:
         if "scheduler" in rubric.parts and plan.counts()["hidden"] and not plan.hidden_visible:
-            hidden = _hidden_child(submission, rubric, sandbox, guard)
+            hidden = _hidden_child(submission, rubric, sandbox, guard, deadline)
         result = grade_implementation(impl, submission.name, rubric, plan, out_dir, notes, start, hidden=hidden)
     finally:
         impl.close()
@@ -114,11 +116,11 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
     return result
 
 
-def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard,
+def _isolated(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard, deadline: Deadline,
               role: str = "") -> IsolatedImplementation:
     return IsolatedImplementation(submission.name, submission.load, rubric.limits,
                                   label=f"submission {submission.name!r}{role}", mode=sandbox,
-                                  runtimes=rubric.runtimes, guard=guard)
+                                  runtimes=rubric.runtimes, guard=guard, deadline=deadline)
 
 
 def _kit_used(name: str, rubric: Rubric, plan: Plan, notes: list[str], start: float, guard: KitGuard,
@@ -145,7 +147,8 @@ class _Unavailable(Implementation):
         pass
 
 
-def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard) -> Implementation:
+def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: KitGuard,
+                  deadline: Deadline) -> Implementation:
     """The submission once more, in a child of its own that runs only the hidden workloads.
 
     That child never answers a visible test, so nothing it saw (a hidden trace
@@ -153,7 +156,7 @@ def _hidden_child(submission: Submission, rubric: Rubric, sandbox: str, guard: K
     a later visible call; its messages go only to hidden-failures.txt.
     """
     try:
-        return _isolated(submission, rubric, sandbox, guard, " (hidden workloads)")
+        return _isolated(submission, rubric, sandbox, guard, deadline, " (hidden workloads)")
     except ImplementationError as exc:
         return _Unavailable(submission.name, f"the child for the hidden workloads could not start: {exc}")
 
@@ -186,25 +189,29 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     notes = [f"{name}: graded by pytest-cbatch", plan.generation] if notes is None else notes
     source = getattr(impl, "sources", {}).get("simulate", name)
     replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
-    hidden_log: list[str] = []
     tests: list[TestResult] = []
+    contract: _Contract | None = None
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
         tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
                   for c in contract_clauses(rubric)]
+        if plan.hidden_outcome:
+            tests.append(TestResult(HIDDEN_TEST, False, "", tags=["hidden"], unjudged=absent))
     elif "scheduler" in rubric.parts:
         judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
-        tests += _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
-    if "scheduler" in rubric.parts and plan.hidden_outcome and impl.fn is None:
-        tests.append(TestResult(HIDDEN_TEST, False, "", tags=["hidden"], unjudged=absent))
+        contract = _Contract(judges, contract_clauses(rubric), plan, replay_spec, out_dir)
+        contract.visible()
+    others: list[TestResult] = []
     if "lifecycle" in rubric.parts:
-        tests += _lifecycle_tests(impl, rubric, notes)
+        others += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
-        tests += _numeric_tests(impl, rubric, notes)
-    if hidden_log:  # the instructor's: it quotes the submission's own messages, made safe to write
-        (out_dir / "hidden-failures.txt").write_text(untrusted.text("\n\n".join(hidden_log), None) + "\n",
-                                                     encoding="utf-8")
-    return _finish(name, rubric, tests, notes, start, plan=plan)
+        others += _numeric_tests(impl, rubric, notes)
+    if contract is not None:  # the hidden workloads last of all (see _Contract)
+        tests += contract.finish()
+        if contract.hidden_log:  # the instructor's: it quotes the submission's own messages, made safe to write
+            (out_dir / "hidden-failures.txt").write_text(
+                untrusted.text("\n\n".join(contract.hidden_log), None) + "\n", encoding="utf-8")
+    return _finish(name, rubric, tests + others, notes, start, plan=plan)
 
 
 def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
@@ -269,26 +276,51 @@ def unjudged(rubric: Rubric, reason: str, plan: Plan | None = None) -> list[Test
 # ------------------------------------------------------------------ contract
 
 
-def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
-                    hidden_log: list[str]) -> list[TestResult]:
-    """One test per clause.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those."""
-    tallies = {cid: _Tally() for cid in clauses}
-    apart = _Tally()  # the hidden workloads, when they score in HIDDEN_TEST alone
-    for case in plan.cases:
-        judge = judges["hidden" if case.kind == "hidden" else "visible"]
-        withheld = case.kind == "hidden" and not plan.hidden_visible
-        for cid in clauses:
-            if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
-                continue
-            result = judge.judge(cid, list(case.trace), case.config)
-            _count(apart if withheld and plan.hidden_outcome else tallies[cid], case, result, withheld)
-        judge.forget()  # a report lives while its workload is judged, not for the rest of the part
-    for case in plan.invalid:
-        _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
-    tests = [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
-    if plan.hidden_outcome:
-        tests.append(_hidden_test(judges["hidden"], apart, spec, out_dir, hidden_log))
-    return tests
+class _Contract:
+    """The contract part of one submission, judged in two phases so that nothing a student sees is judged
+    after a hidden workload: ``visible()`` (every other workload, the invalid inputs, and, when the hidden
+    workloads score apart, the clause tests themselves, shrinking included), later ``finish()`` (the hidden
+    workloads, then the tests).  A hidden workload that hangs or uses up the submission's time can then
+    change no visible test.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those.
+    """
+
+    def __init__(self, judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str,
+                 out_dir: Path) -> None:
+        self.judges, self.clauses, self.plan, self.spec, self.out_dir = judges, clauses, plan, spec, out_dir
+        self.tallies = {cid: _Tally() for cid in clauses}
+        self.apart = _Tally()  # the hidden workloads, when they score in HIDDEN_TEST alone
+        self.hidden_log: list[str] = []
+        self.tests: list[TestResult] = []
+
+    def visible(self) -> None:
+        self._judge([c for c in self.plan.cases if c.kind != "hidden"])
+        for case in self.plan.invalid:
+            _count(self.tallies["invalid_input_refused"], case,
+                   self.judges["visible"].judge_refusal(list(case.trace), case.config))
+        if self.plan.hidden_outcome:
+            self.tests = [self._clause_test(cid) for cid in self.clauses]
+
+    def finish(self) -> list[TestResult]:
+        self._judge([c for c in self.plan.cases if c.kind == "hidden"])
+        if self.plan.hidden_outcome:
+            return self.tests + [_hidden_test(self.judges["hidden"], self.apart, self.spec, self.out_dir,
+                                              self.hidden_log)]
+        return [self._clause_test(cid) for cid in self.clauses]
+
+    def _clause_test(self, cid: str) -> TestResult:
+        return _clause_test(self.judges, cid, self.tallies[cid], self.plan, self.spec, self.out_dir, self.hidden_log)
+
+    def _judge(self, cases: list[Case]) -> None:
+        for case in cases:
+            judge = self.judges["hidden" if case.kind == "hidden" else "visible"]
+            withheld = case.kind == "hidden" and not self.plan.hidden_visible
+            for cid in self.clauses:
+                if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
+                    continue
+                result = judge.judge(cid, list(case.trace), case.config)
+                _count(self.apart if withheld and self.plan.hidden_outcome else self.tallies[cid], case, result,
+                       withheld)
+            judge.forget()  # a report lives while its workload is judged, not for the rest of the part
 
 
 def _hidden_test(judge: Judge, tally: _Tally, spec: str, out_dir: Path, hidden_log: list[str]) -> TestResult:

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, fields
+import time
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping
 
 __all__ = ["Limits", "child_environment", "sandbox_path"]
 
 _MIB = 1 << 20
+
+
+@dataclass
+class Deadline:
+    """One submission's clock for ``Limits.submission_seconds``, shared by every child of it (the hidden
+    workloads' own included): wall time since grading began, so the grader's judging, shrinking and
+    numerics on the submission's reports count as much as its calls.  A call asked once it ``passed`` is
+    not run."""
+
+    seconds: float
+    start: float = field(default_factory=time.monotonic)
+
+    def passed(self) -> bool:
+        return time.monotonic() - self.start >= self.seconds
 
 
 @dataclass(frozen=True)

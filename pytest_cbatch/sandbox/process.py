@@ -34,7 +34,7 @@ from ..bounded import CallTimedOut
 from .bwrap import Confinement, confine, kit_folders, resolve_mode
 from .files import SubmissionRefused, copy_submission
 from .guard import KitGuard
-from .limits import Limits, child_environment
+from .limits import Deadline, Limits, child_environment
 from .protocol import ReplyReader, SandboxFailure, encode_line
 
 __all__ = ["CHILD_MODULE", "LoadSpec", "NotContained", "Sandbox", "SandboxFailure", "SandboxTimeout"]
@@ -104,14 +104,18 @@ class Sandbox:
     """A restartable child process running one submission; see the module docstring."""
 
     def __init__(self, load: LoadSpec, limits: Limits, label: str = "submission", mode: str = "auto",
-                 runtimes: tuple[str, ...] = (), guard: KitGuard | None = None) -> None:
+                 runtimes: tuple[str, ...] = (), guard: KitGuard | None = None,
+                 deadline: Deadline | None = None) -> None:
         """``mode``: ``auto``, ``bwrap`` or ``process`` (see ``bwrap.resolve_mode``; ValueError if bwrap is
         required and cannot run); ``self.mode`` is the one in use.  ``runtimes``: folders of language
         runtimes the child may use besides ``/usr`` (bound read-only; their ``bin`` first on its PATH).
         ``guard``: watch the submission's uses of the kit's code, reported into ``guard.found`` (see
-        ``guard``); None for no watch."""
+        ``guard``); None for no watch.  ``deadline``: the submission's clock when several children and the
+        grader's own work share ``submission_seconds`` (``Deadline``); without one, only this child's calls
+        count."""
         self.load = load
         self.guard = guard
+        self.deadline = deadline
         self.limits = limits
         self.label = label
         self.runtimes = runtimes
@@ -294,6 +298,10 @@ class Sandbox:
         if self.seconds_used >= self.limits.submission_seconds:
             raise SandboxFailure("breaker", f"not run: the {self.label} used up its "
                                             f"{self.limits.submission_seconds:g} s of calls (limit submission_seconds)")
+        if self.deadline is not None and self.deadline.passed():
+            raise SandboxFailure("breaker", f"not run: the {self.label} used up its {self.deadline.seconds:g} s "
+                                            f"(limit submission_seconds: its calls and the grader's work on what "
+                                            f"they returned, all its workloads together)")
 
     def _reply(self, family: str, payload: bytes | None, extra_seconds: float = 0.0) -> dict[str, Any]:
         try:

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from .. import untrusted
 from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
-from .limits import Limits
+from .limits import Deadline, Limits
 from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
 from .protocol import decode
@@ -130,14 +130,16 @@ class IsolatedImplementation(Implementation):
     unsupported_reason = PythonImplementation.unsupported_reason
 
     def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
-                 mode: str = "auto", runtimes: tuple[str, ...] = (), guard: KitGuard | None = None) -> None:
+                 mode: str = "auto", runtimes: tuple[str, ...] = (), guard: KitGuard | None = None,
+                 deadline: Deadline | None = None) -> None:
         """``mode``: the sandbox mode (``auto``, ``bwrap``, ``process``; see ``pytest_cbatch.sandbox.bwrap``);
         ``runtimes``: language runtimes' folders the child may use besides ``/usr`` (see ``Sandbox``);
-        ``guard``: watch (and by default refuse) the submission's uses of the kit's code (see ``guard``)."""
+        ``guard``: watch (and by default refuse) the submission's uses of the kit's code (see ``guard``);
+        ``deadline``: the submission's shared clock (see ``Sandbox``)."""
         self.spec = spec
         self.limits = limits
         try:
-            self.sandbox = Sandbox(load, limits, label, mode, runtimes, guard)
+            self.sandbox = Sandbox(load, limits, label, mode, runtimes, guard, deadline)
         except ValueError as exc:
             raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         weakref.finalize(self, self.sandbox.close)
