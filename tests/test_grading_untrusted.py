@@ -454,3 +454,24 @@ def test_the_hidden_child_and_the_graders_work_share_the_submissions_time(tmp_pa
     hidden = next(t for t in result.tests if t.name == HIDDEN_TEST)
     assert not hidden.passed  # its child had no time of its own left: the workloads are the submission's
     assert used_up in (out / "hidden-failures.txt").read_text(encoding="utf-8")
+
+
+def _dies_on_one(submission, rubric, plan, out_dir, sandbox):
+    """A stand-in for the worker's grading: the submission "hog" kills its worker, as the OOM killer would."""
+    if submission.name == "hog":
+        os._exit(9)
+    return driver._grade_one(submission, rubric, plan, out_dir, sandbox)
+
+
+def test_a_worker_killed_for_memory_costs_only_its_own_submission(tmp_path: Path) -> None:
+    subs = tmp_path / "subs"
+    for name in ("alice", "bob", "carol", "hog"):
+        _published(subs / name)
+    rubric = load_rubric(_rubric(tmp_path))
+    plan = build_plan(rubric)
+    found = discover(subs)
+    events = [e for e in driver._in_pool(found, rubric, plan, tmp_path / "out", 2, "process", _dies_on_one) if e]
+    outcome = dict(events)
+    assert sorted(outcome) == ["alice", "bob", "carol", "hog"] and len(events) == 4  # each exactly once
+    assert isinstance(outcome["hog"], RuntimeError) and "worker process died" in str(outcome["hog"])
+    assert all(outcome[n].score == FULL for n in ("alice", "bob", "carol"))

@@ -33,9 +33,10 @@ import shutil
 import sys
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from .. import untrusted
 from ..sandbox import SANDBOX_MODES, LoadSpec, resolve_mode, submission_files
@@ -225,23 +226,48 @@ def _progress(total: int, jobs: int, ray: str | None, enabled: bool) -> Progress
     return tracker
 
 
-def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int,
-             sandbox: str) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
-    """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats)."""
-    with ProcessPoolExecutor(max_workers=max(1, jobs), initializer=reaper.adopt_orphans) as pool:
-        pending = {pool.submit(_grade_one, s, rubric, plan, out / s.name, sandbox): s.name for s in submissions}
-        while pending:
-            done, _ = wait(pending, timeout=HEARTBEAT_SECONDS, return_when=FIRST_COMPLETED)
-            if not done:
-                yield None
-            for future in done:
-                name = pending.pop(future)
-                try:
-                    yield name, future.result()
-                except Exception as exc:
-                    yield name, exc
+def _in_pool(submissions: Sequence[Submission], rubric: Rubric, plan: Plan, out: Path, jobs: int, sandbox: str,
+             grade_one: Callable[..., SubmissionResult] | None = None,
+             ) -> Iterator[tuple[str, SubmissionResult | Exception] | None]:
+    """Grade in local worker processes; yields as ``grade_on_ray`` does (a result or error per name, heartbeats).
 
-
+    A worker that dies (killed for memory, say) breaks its pool, and every submission still pending there
+    with it: those are graded again in a new pool, and the ones that were running when it broke, one
+    worker each, so the one that kills a worker alone is the only one to get a grader failure.
+    """
+    work = grade_one or _grade_one
+    queue, suspects, broken = list(submissions), [], dict.fromkeys((s.name for s in submissions), 0)
+    while queue or suspects:
+        alone = not queue  # only suspects are left: each in a pool of its own
+        batch = queue if queue else [suspects.pop(0)]
+        queue = []
+        with ProcessPoolExecutor(max_workers=1 if alone else max(1, jobs), initializer=reaper.adopt_orphans) as pool:
+            pending = {pool.submit(work, s, rubric, plan, out / s.name, sandbox): s for s in batch}
+            running: set[Future] = set()
+            quiet_since = time.monotonic()
+            while pending:
+                done, _ = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+                if not done and time.monotonic() - quiet_since >= HEARTBEAT_SECONDS:
+                    quiet_since = time.monotonic()
+                    yield None
+                for future in done:
+                    quiet_since = time.monotonic()
+                    submission = pending.pop(future)
+                    try:
+                        yield submission.name, future.result()
+                    except BrokenProcessPool as exc:
+                        broken[submission.name] += 1
+                        if alone:
+                            yield submission.name, RuntimeError(
+                                f"the grader's worker process died while grading it ({exc}): killed for memory, "
+                                f"most likely, by what the submission handed the grader")
+                        elif future in running or broken[submission.name] > 1:
+                            suspects.append(submission)
+                        else:
+                            queue.append(submission)
+                    except Exception as exc:
+                        yield submission.name, exc
+                running = {f for f in pending if f.running()}
 def _write_result(out_dir: Path, result: SubmissionResult) -> None:
     """A grader failure's results.json, in a folder emptied first (what a worker would have written is gone)."""
     if out_dir.exists():
