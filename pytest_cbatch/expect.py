@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -321,6 +322,8 @@ def configure(config: pytest.Config) -> None:
         raise pytest.UsageError(str(exc).replace(str(full), str(path), 1)) from None
     expectations.path = str(path)
     plugin = _ExpectPlugin(expectations, strict=expectations.strict or config.getoption("cbatch_expect_strict"))
+    inside = os.path.relpath(full, config.rootpath)
+    plugin.where = str(full) if inside.startswith("..") else inside  # as pytest writes node ids: from the rootdir
     config.stash[_KEY] = plugin
     config.pluginmanager.register(plugin, "cbatch-expect")
 
@@ -375,6 +378,7 @@ class _ExpectPlugin:
         self.covered: dict[int, int] = {}         # entry -> tests whose failure it turned into an expected one
         self.xpassed: dict[int, list[str]] = {}   # entry -> tests it expected to fail that passed
         self.assigned: dict[str, Entry] = {}      # nodeid -> the xfail entry known at collection
+        self.where = expectations.path            # the file, as the id of a stale entry's failure names it
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
@@ -480,7 +484,7 @@ class _ExpectPlugin:
             tr.write_line(("FAIL: " if self.strict else "warning: ") + message, red=self.strict, yellow=not self.strict)
             if self.strict:  # counted in the run's last line, which so says why the run failed
                 tr.stats.setdefault("failed", []).append(pytest.TestReport(
-                    f"{self.exp.path}::entry #{entry.number}", (self.exp.path, 0, f"entry #{entry.number}"), {},
+                    f"{self.where}::entry #{entry.number}", (self.where, 0, f"entry #{entry.number}"), {},
                     "failed", message, "call"))
 
 
