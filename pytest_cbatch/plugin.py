@@ -40,6 +40,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cbatch_clause(id): the contract clause a conformance test checks")
+    config.addinivalue_line("markers", "cbatch_generated(workload): a pytest-cbatch generated-trace test and the "
+                                       "workload name its failures give")
     config.addinivalue_line("markers", "gpu: a pytest-cbatch numeric check that needs a CUDA device")
     spec = _setting(config, "impl")
     if not spec:

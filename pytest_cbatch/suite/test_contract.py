@@ -1,6 +1,9 @@
 """Conformance: every contract clause on every fixed workload, plus generated traces.
 
-Test ids read ``test_contract[<clause>-<workload>]``; select with ``-k``.
+Test ids read ``test_contract[<clause>-<workload>]``, and for the generated traces
+``test_generated_traces[<clause>]`` (reserve admission) and
+``test_generated_traces_preemption[<clause>]`` (optimistic admission): each clause
+on the same examples, failing and shrinking on its own; select with ``-k``.
 """
 
 from __future__ import annotations
@@ -8,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import given
 
 from pytest_cbatch import strategies
+from pytest_cbatch.generated import GENERATED_SKIPPED, GeneratedExamples, judge_generated
 from pytest_cbatch.plugin import CbatchState, fail_clause, opted_clauses
 from pytest_cbatch.runner import judged_clauses
 from pytest_cbatch.workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS
@@ -27,9 +30,13 @@ def contract_cases(clauses: tuple[str, ...]) -> list[Any]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """test_contract's cases, with the opt-in clauses this run asked for (--cbatch-course)."""
+    """test_contract's cases, and the generated-trace tests' clauses, with the opt-in clauses this run asked
+    for (--cbatch-course)."""
+    clauses = judged_clauses(opted_clauses(metafunc.config))
     if metafunc.definition.originalname == "test_contract":
-        metafunc.parametrize("clause,workload", contract_cases(judged_clauses(opted_clauses(metafunc.config))))
+        metafunc.parametrize("clause,workload", contract_cases(clauses))
+    elif metafunc.definition.get_closest_marker("cbatch_generated") is not None:
+        metafunc.parametrize("clause", [cid for cid in clauses if cid not in GENERATED_SKIPPED])
 
 
 def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
@@ -50,33 +57,27 @@ def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request
                     shrink=clause != "invalid_input_refused")
 
 
-def _check_generated(state: CbatchState, workload: tuple[list[dict[str, Any]], dict[str, Any]], tag: str) -> None:
-    trace, config = workload[0], state.workload_config(workload[1])
-    judge = state.judge
-    for cid in state.clauses:
-        if cid in ("invalid_input_refused", "deterministic"):
-            continue
-        result = judge.judge(cid, trace, config)
-        if result.status == "skip":
-            if cid == "completes":
-                return  # this generated config needs a capability the implementation lacks
-            continue
-        if result.status == "fail":
-            fail_clause(state, cid, f"generated-{tag}", trace, config, result, shrink=False)
+@pytest.fixture(scope="session")
+def cbatch_generated_examples() -> GeneratedExamples:
+    """The run's generated examples, drawn once and judged by every clause's generated test."""
+    return GeneratedExamples()
 
 
-@given(workload=strategies.workloads())
-def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]], cbatch_state: CbatchState) -> None:
-    """Every report clause on hypothesis-generated traces and configs (reserve admission)."""
-    _check_generated(cbatch_state, workload, "reserve")
+@pytest.mark.cbatch_generated("generated-reserve")
+def test_generated_traces(clause: str, cbatch_state: CbatchState, cbatch_generated_examples: GeneratedExamples,
+                          request: pytest.FixtureRequest) -> None:
+    """One report clause on hypothesis-generated traces and configs (reserve admission)."""
+    request.node.user_properties += [("cbatch_clause", clause), ("cbatch_workload", "generated-reserve")]
+    judge_generated(cbatch_state, request.node, cbatch_generated_examples, clause, "generated-reserve",
+                    strategies.workloads())
 
 
-@given(workload=strategies.preemption_workloads())
-def test_generated_traces_preemption(workload: tuple[list[dict[str, Any]], dict[str, Any]],
-                                     cbatch_state: CbatchState) -> None:
-    """Every report clause on generated traces under optimistic admission on a tight pool (preemption,
+@pytest.mark.cbatch_generated("generated-optimistic")
+def test_generated_traces_preemption(clause: str, cbatch_state: CbatchState,
+                                     cbatch_generated_examples: GeneratedExamples,
+                                     request: pytest.FixtureRequest) -> None:
+    """One report clause on generated traces under optimistic admission on a tight pool (preemption,
     preemption during recompute, cancels of preempted requests)."""
-    reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config(workload[1]))
-    if reason:
-        pytest.skip(reason)
-    _check_generated(cbatch_state, workload, "optimistic")
+    request.node.user_properties += [("cbatch_clause", clause), ("cbatch_workload", "generated-optimistic")]
+    judge_generated(cbatch_state, request.node, cbatch_generated_examples, clause, "generated-optimistic",
+                    strategies.preemption_workloads(), preemption=True)
