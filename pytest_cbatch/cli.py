@@ -458,6 +458,12 @@ def _clauses(argv: list[str]) -> int:
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
         print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))
+        if c.id == "course_results":
+            from .contract.course import PUBLISHED_SCHEDULE
+
+            print("  the published simulator's schedule, rule by rule:")
+            for n, rule in enumerate(PUBLISHED_SCHEDULE, 1):
+                print(f"  {n}. {rule}")
     return 0
 
 
