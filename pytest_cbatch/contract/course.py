@@ -51,8 +51,8 @@ PUBLISHED_SCHEDULE = (
     "Admission. While requests wait and fewer than max_active run (1 under policy serial), the head of the queue "
     "needs ceil((prompt_tokens + output_tokens - 1) / block_size) pages. More than capacity: it is rejected (it "
     "ends now) and the next head is tried. More than capacity minus the needs of the running requests minus the "
-    "pages of ended requests not yet released: it stays at the head and admission stops until the next tick. Otherwise it runs from "
-    "now. The running requests are kept in the order they were admitted.",
+    "pages of ended requests not yet released: it stays at the head and admission stops until the next tick. "
+    "Otherwise it runs from now. The running requests are kept in the order they were admitted.",
     "Planning, within token_budget tokens. A running request decodes once its whole prompt has been fed, else it "
     "prefills. Decode rows first: the decoding requests in admission order, rotated left by D mod their number "
     "(the list from position D mod n, then the ones before it); the first min(n, token_budget) of them get a row "
@@ -266,7 +266,8 @@ def _shown_id(rid: str) -> str:
 def _parting(ours: tuple[int, list[Row]] | None, theirs: tuple[int, list[Row]] | None) -> tuple[str, str | None]:
     """The parting dispatch in words (its tick and first differing row) and the request it names."""
     if theirs is None:
-        return f"t={ours[0]}: the course's simulator dispatches {_few(ours[1])}, this report nothing more", ours[1][0][0]
+        return (f"t={ours[0]}: the course's simulator dispatches {_few(ours[1])}, this report nothing more",
+                ours[1][0][0])
     if ours is None:
         return (f"t={theirs[0]}: this report dispatches {_few(theirs[1])}, the course's simulator nothing more",
                 theirs[1][0][0] if theirs[1] else None)

@@ -37,7 +37,8 @@ def _pins(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list[P
         if t is None:
             t = number(event.get("time"))
         request = getattr(v, "request", None)
-        pins.append(Pin(i, str(getattr(v, "message", v)).split("\n", 1)[0], t, request if isinstance(request, str) else None,
+        message = str(getattr(v, "message", v)).split("\n", 1)[0]   # a side-by-side table is drawn apart
+        pins.append(Pin(i, message, t, request if isinstance(request, str) else None,
                         cell=event.get("event") == "dispatch"))
     return pins
 
@@ -47,13 +48,22 @@ def _figure(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list
         return [note("The implementation gave no report to draw (see the text below).")]
     pins = _pins(report, violations)
     at = next((p.time for p in pins if p.time is not None), None)
-    s = schedule_of(report, focus=[p.request for p in pins if p.request], at=at)
+    snapshot = next((i for v in violations[:MAX_PINS] if isinstance(i := getattr(v, "event_index", None), int)
+                     and _is_snapshot(report, i)), None)
+    s = schedule_of(report, focus=[p.request for p in pins if p.request], at=at, snapshot=snapshot)
     notes = [note(f"Left out to keep this page small: {esc(o, 300)}.") for o in s.omitted]
     return [legend(), *notes, f'<div style="{FIGURE}">{schedule_svg(s, pins)}</div>']
 
 
+def _is_snapshot(report: Mapping[str, Any], index: int) -> bool:
+    events = report.get("events")
+    return isinstance(events, list) and 0 <= index < len(events) and isinstance(events[index], Mapping) \
+        and events[index].get("event") == "snapshot"
+
+
 def _violations_html(violations: Sequence[Any]) -> str:
-    items = [f"{i}. {esc(_headline(v) if _schedules(v) else str(v), 600)}" for i, v in enumerate(violations[:MAX_PINS], 1)]
+    items = [f"{i}. {esc(_headline(v) if _schedules(v) else str(v), 600)}"
+             for i, v in enumerate(violations[:MAX_PINS], 1)]
     if len(violations) > MAX_PINS:
         items.append(f"... {len(violations) - MAX_PINS} more (in the text below)")
     return verdict("\n".join(items)) + "".join(side_by_side(n, rows) for n, v in enumerate(violations[:MAX_PINS], 1)
