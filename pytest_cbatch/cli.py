@@ -132,6 +132,18 @@ def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) 
     return 0
 
 
+def _invalid_setting(config: dict[str, Any]) -> str | None:
+    """What makes ``config`` invalid by the trace format (a setting with a fraction, below its minimum, of
+    an unknown choice), or None."""
+    from .reference.scheduler_sim import validate_config
+
+    try:
+        validate_config(config)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _report_trace_mismatch(report: dict[str, Any], trace: Sequence[dict[str, Any]]) -> str | None:
     """Why ``report`` is not a report of ``trace`` (its requests are other ids), or None."""
     requests = report.get("requests")
@@ -199,10 +211,15 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
         print("error: --honour-claims is for --report; with --impl the implementation's kind decides",
               file=sys.stderr)
         return 2
+    refusal = bool(wanted and "invalid_input_refused" in wanted)
+    invalid = None if refusal or args.report else _invalid_setting({**BASE_CONFIG, **given})
+    if invalid:  # as invalid_input_refused judges it: a refusal is the answer, never "no report for a valid workload"
+        print(f"note: {invalid}; the trace format calls that config invalid, so this run is judged as clause "
+              f"invalid_input_refused (the implementation must refuse it)")
     skipped: dict[str, list[str]] = {}
     stack, stopped = "", False
     try:
-        if wanted and "invalid_input_refused" in wanted:
+        if refusal or invalid:
             if args.html:
                 print("note: no picture of invalid_input_refused: its input is refused before any schedule exists")
             return _check_refusal(args, resolve_impl(args.impl, bounds=_check_bounds(args, argv),
@@ -441,6 +458,12 @@ def _clauses(argv: list[str]) -> int:
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
         print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))
+        if c.id == "course_results":
+            from .contract.course import PUBLISHED_SCHEDULE
+
+            print("  the published simulator's schedule, rule by rule:")
+            for n, rule in enumerate(PUBLISHED_SCHEDULE, 1):
+                print(f"  {n}. {rule}")
     return 0
 
 

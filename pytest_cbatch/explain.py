@@ -89,11 +89,16 @@ def _objects(items: Any) -> list[dict[str, Any]]:
 
 
 def stack_lines(stack: str, stopped: bool) -> list[str]:
-    """The implementation's traceback (a crash) or its stack when it was stopped, as indented lines."""
+    """The implementation's traceback (a crash), its stack when it was stopped, or a program's stderr (a stack
+    that starts with ``kinds.command.STDERR_HEADING``), under a title saying which, as indented lines."""
+    from .kinds.command import STDERR_HEADING
+
     if not stack.strip():
         return []
     title = ("its stack when it was stopped (most recent call last):" if stopped
              else "traceback of the implementation (most recent call last):")
+    if stack.startswith(STDERR_HEADING + "\n"):   # a program's refusal: its stderr, no Python traceback
+        title, stack = STDERR_HEADING, stack[len(STDERR_HEADING) + 1:]
     return ["  " + title] + ["  " + line for line in stack.rstrip("\n").splitlines()]
 
 

@@ -20,10 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from pytest_cbatch import strategies
 from pytest_cbatch.cli import main as cbatch_main
 from pytest_cbatch.contract import check_report, clause_ids
+from pytest_cbatch.contract.course import PUBLISHED_SCHEDULE
 from pytest_cbatch.grading.evaluate import grade_implementation, rubric_tests
 from pytest_cbatch.grading.plan import Plan, build_plan
 from pytest_cbatch.grading.rubric import load_rubric
 from pytest_cbatch.impls import PythonImplementation, resolve_impl
+from pytest_cbatch.picture import failure_page
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
 from pytest_cbatch.workloads import BASE_CONFIG, WORKLOADS
@@ -33,6 +35,9 @@ REFERENCE = ROOT / "reference" / "scheduler_sim.py"
 COURSE_EXAMPLE = ROOT / "examples" / "course_scheduler.py"
 ROTATION = "        self.decode_turn += turn_d\n        self.prefill_turn += turn_p\n"
 CID = "course_results"
+FROM_WORDS = Path(__file__).parent / "reference" / "course_from_words.py"
+WORDS_ROTATION = ("        d += decode_rows                                             # rule 6\n"
+                  "        p += len(rows) - decode_rows\n")
 
 
 def rotation_bug(folder: Path) -> Path:
@@ -124,6 +129,88 @@ def test_a_recorded_report_is_checked_with_its_own_settings(tmp_path: Path, caps
     assert bug.main(["--trace", str(trace), "--output", str(recorded), "--release-delay", "2"]) == 0
     assert cbatch_main(["check", "--report", str(recorded), "--trace", str(trace), "--course"]) == 1
     assert "summary.dispatches: the course's simulator gives 7, this report 8" in capsys.readouterr().out
+
+
+# -- the published rules, in words a student can implement from ----------------------------------------
+
+
+def _from_words(source: str | None = None) -> PythonImplementation:
+    """tests/reference/course_from_words.py (written from PUBLISHED_SCHEDULE alone), or a variant's source."""
+    namespace: dict[str, Any] = {}
+    exec(compile(source or FROM_WORDS.read_text(encoding="utf-8"), str(FROM_WORDS), "exec"), namespace)
+    return PythonImplementation("course_from_words", namespace["simulate"], "tests/reference")
+
+
+def test_the_rules_are_in_the_docs_and_cbatch_clauses_word_for_word(capsys: pytest.CaptureFixture) -> None:
+    docs = " ".join((ROOT / "docs" / "contract.md").read_text(encoding="utf-8").split())
+    assert cbatch_main(["clauses"]) == 0
+    printed = capsys.readouterr().out
+    for n, rule in enumerate(PUBLISHED_SCHEDULE, 1):
+        assert f"{n}. {rule}" in docs, f"docs/contract.md lacks rule {n}: {rule}"
+        assert f"  {n}. {rule}\n" in printed, f"cbatch clauses lacks rule {n}"
+    assert "rows, not dispatches" in PUBLISHED_SCHEDULE[5]
+
+
+def test_an_implementation_written_from_the_rules_alone_passes_every_fixed_workload() -> None:
+    judge = Judge(_from_words())
+    statuses = {label: judge.judge(CID, list(w.trace), w.config) for label, w in WORKLOADS.items()}
+    failed = {label: [str(v) for v in r.violations] for label, r in statuses.items() if r.status == "fail"}
+    assert not failed, failed
+    assert sum(r.status == "pass" for r in statuses.values()) >= 25
+
+
+def test_an_implementation_written_from_the_rules_alone_passes_generated_workloads() -> None:
+    judge = Judge(_from_words())
+
+    @settings(max_examples=60, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(strategies.workloads())
+    def agree(workload: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
+        result = judge.judge(CID, *workload)
+        assert result.status != "fail", ([str(v) for v in result.violations], *workload)
+
+    agree()
+
+
+@pytest.mark.parametrize("label, parting", [
+    ("budget_1", "the schedules part at dispatch 4, t=3, row 1 of the course's dispatch: the course's simulator "
+                 "feeds c prefill 1, this report b prefill 1"),
+    ("chunk_boundaries", "the schedules part at dispatch 2, t=1, row 2 of the course's dispatch: the course's "
+                         "simulator feeds p9 prefill 3, this report p4 prefill 2"),
+    ("wide_batch", "the schedules part at dispatch 2, t=1, row 1 of the course's dispatch: the course's simulator "
+                   "feeds w8 prefill 1, this report w4 prefill 1"),
+])
+def test_without_the_rotation_it_fails_naming_the_parting_dispatch(label: str, parting: str) -> None:
+    """Rule 6 left out (the rows never rotate): the first message names the first dispatch that differs and
+    shows both schedules from there, a tick a line."""
+    source = FROM_WORDS.read_text(encoding="utf-8")
+    assert WORDS_ROTATION in source
+    workload = WORKLOADS[label]
+    result = Judge(_from_words(source.replace(WORDS_ROTATION, ""))).judge(CID, list(workload.trace),
+                                                                          workload.config)
+    assert result.status == "fail"
+    first = result.violations[0]
+    assert first.message.startswith(parting), first.message
+    table = first.message.split("\n")[1:]
+    assert table[0].split() == ["tick", "the", "course's", "simulator", "|", "this", "report"], table
+    assert table[1].lstrip().startswith("≠ t="), table   # the parting tick, both dispatches on one line
+    ours, theirs = table[1].split(" | ")
+    assert parting.split("feeds ")[1].split(",")[0] in ours and parting.rsplit("this report ", 1)[1] in theirs
+    assert first.time == int(parting.split("t=")[1].split(",")[0]) and first.event_index is not None
+    assert [v for v in result.violations[1:] if "the schedules part" in v.message] == []
+
+
+def test_the_failure_picture_shows_both_schedules_from_the_parting_dispatch(tmp_path: Path) -> None:
+    workload = WORKLOADS["chunk_boundaries"]
+    result = Judge(resolve_impl(str(rotation_bug(tmp_path)))).judge(CID, list(workload.trace), workload.config)
+    page = failure_page(spec="rotation", clause=CID, workload="chunk_boundaries", violations=result.violations,
+                        trace=list(workload.trace), report=result.report, replay="cbatch check ...")
+    assert '<table class="schedules"' in page and "<th" in page and "the course&#x27;s simulator" in page
+    assert page.count('class="parts"') == sum(not same for *_, same in result.violations[0].schedules) >= 1
+    first_row = page.split('class="parts"', 1)[1].split("</tr>", 1)[0]
+    assert "t=1" in first_row and "p9 prefill 3" in first_row and "p5 prefill 3" in first_row
+    box = page.split('<table class="schedules"', 1)[0]
+    assert "side by side:" in box and "| this report" not in box   # the box shows its first line, the table the rest
 
 
 # -- exact implementations pass, with their freedoms --------------------------------------------------

@@ -14,15 +14,19 @@ import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
+from pytest_cbatch.cli import main as cbatch_main
+from pytest_cbatch.explain import stack_lines
 from pytest_cbatch.impls import RunOutcome, resolve_impl
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate, validate_config, validate_trace
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
+from pytest_cbatch.sandbox import IsolatedImplementation, Limits, LoadSpec
 from pytest_cbatch.workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS, arrival
 
 JS_SCHEDULER = Path(__file__).resolve().parent / "exec_node" / "scheduler.js"
@@ -230,6 +234,101 @@ def test_the_command_is_split_into_words_without_a_shell(tmp_path: Path) -> None
 def test_a_command_that_cannot_start_refuses_the_run(tmp_path: Path) -> None:
     out = resolve_impl(f"exec:{tmp_path}/no-such-program").run(demo_trace(), dict(BASE_CONFIG))
     assert out.refused and out.refused.startswith(f"could not start '{tmp_path}/no-such-program'"), out
+
+
+def test_a_refusals_stderr_is_labelled_as_the_programs_stderr(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture) -> None:
+    """3.4: what a refusal shows below its message is the program's stderr, titled so: not a traceback."""
+    script = tmp_path / "refuses.sh"
+    script.write_text("echo 'warming up' >&2; echo 'admit: queue is corrupt' >&2; exit 1\n")
+    assert cbatch_main(["check", "--impl", f"exec:sh {script}", "--clause", "completes"]) == 1
+    out = capsys.readouterr().out
+    assert "[completes] no report for a valid workload: exit status 1: admit: queue is corrupt" in out, out
+    assert "  the program's stderr (its last non-blank lines):\n  warming up\n  admit: queue is corrupt" in out, out
+    assert "traceback of the implementation" not in out, out
+
+
+def test_a_program_submissions_stderr_is_labelled_as_its_stderr(tmp_path: Path) -> None:
+    """3.4 for a graded program: the sandbox child sends the stderr's last lines as the refusal's stack."""
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "run.sh").write_text("echo 'line one' >&2; echo 'cannot parse the trace' >&2; exit 2\n")
+    impl = IsolatedImplementation("s", LoadSpec(str(folder), command=("sh", "run.sh")), Limits(call_seconds=30),
+                                  mode="process")
+    try:
+        result = Judge(impl).judge("completes", demo_trace(), dict(BASE_CONFIG))
+    finally:
+        impl.close()
+    assert result.status == "fail" and "exit status 2: cannot parse the trace" in str(result.violations[0])
+    assert stack_lines(result.stack, result.stopped) == [
+        "  the program's stderr (its last non-blank lines):", "  line one", "  cannot parse the trace"]
+
+
+def test_the_sandboxed_program_shows_its_stderr_as_exec_does() -> None:
+    """The child's copy (it cannot import the kit) writes exactly the text ``exec:`` writes."""
+    from pytest_cbatch.kinds import command
+    from pytest_cbatch.sandbox import program
+
+    for stderr in (b"", b"one\n\n  two  \n", b"x" * 500 + b"\n\xff\xfe bad bytes\n", b"line\n" * 40 + b"y" * 70000):
+        assert program.stderr_stack(stderr) == command.stderr_stack(stderr), stderr[:40]
+
+
+def test_a_refused_fraction_setting_is_judged_as_invalid_input_not_as_no_report(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """2.6: ``capacity`` 8.0 is invalid; refusing it passes as invalid_input_refused would judge it, and a
+    report for it fails there, instead of completes (or every clause) judging it as a valid workload."""
+    refusing = tmp_path / "refusing.sh"
+    refusing.write_text("echo 'config: capacity: not an integer' >&2; exit 2\n")
+    settings = ["--config-json", '{"capacity": 8.0}']
+    assert cbatch_main(["check", "--impl", f"exec:sh {refusing}", *settings]) == 0
+    out = capsys.readouterr().out
+    assert "judged as clause invalid_input_refused" in out and "no report for a valid workload" not in out, out
+    assert "OK: the invalid input was refused (exit status 2: config: capacity: not an integer)" in out, out
+    accepting = tmp_path / "accepting.sh"
+    accepting.write_text(f"cat > /dev/null; cat {shlex.quote(str(tmp_path / 'report.json'))}\n")
+    (tmp_path / "report.json").write_text(json.dumps(simulate(demo_trace())))
+    assert cbatch_main(["check", "--impl", f"exec:sh {accepting}", *settings]) == 1
+    out = capsys.readouterr().out
+    assert "[invalid_input_refused] invalid input accepted" in out, out
+
+
+def test_a_value_beyond_64_bits_stops_cbatch_check_before_the_program_starts(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """2.8: nothing beyond 2^63-1 is ever sent: exit 2 before the program runs (it would leave a file)."""
+    started = tmp_path / "started"
+    script = tmp_path / "program.sh"
+    script.write_text(f"touch {shlex.quote(str(started))}; exit 2\n")
+    assert cbatch_main(["check", "--impl", f"exec:sh {script}", "--config-json",
+                        json.dumps({"capacity": 2**63})]) == 2
+    assert "integers beyond 9223372036854775807 are not accepted" in capsys.readouterr().err
+    trace = tmp_path / "huge.jsonl"
+    trace.write_text(json.dumps(arrival(0, "a", 2**64, 1)) + "\n")
+    assert cbatch_main(["check", "--impl", f"exec:sh {script}", "--trace", str(trace)]) == 2
+    assert "prompt_tokens: must be a positive integer, got an integer of 65 bits" in capsys.readouterr().err
+    assert not started.exists()
+    assert cbatch_main(["check", "--impl", f"exec:sh {script}", "--config-json",
+                        json.dumps({"capacity": 2**63 - 1}), "--clause", "completes"]) == 1
+    assert started.exists()   # the largest value sent is a signed 64-bit integer's
+
+
+def test_a_value_too_large_for_the_programs_integers_is_a_skip_on_exit_3(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """2.8: a program with 32-bit integers exits 3 on a value they cannot hold: skipped, never a failure."""
+    script = tmp_path / "int32.py"
+    script.write_text(textwrap.dedent("""
+        import json, sys
+        config = json.load(sys.stdin)["config"]
+        for name, value in config.items():
+            if isinstance(value, int) and abs(value) > 2**31 - 1:
+                print(f"{name}: does not fit a 32-bit integer", file=sys.stderr)
+                sys.exit(3)
+        sys.exit(1)
+    """))
+    assert cbatch_main(["check", "--impl", f"exec:{sys.executable} {script}", "--config-json",
+                        json.dumps({"capacity": 2**40})]) == 1
+    out = capsys.readouterr().out
+    assert "exited 3 (unsupported): capacity: does not fit a 32-bit integer" in out, out
+    assert "[completes]" not in out and "FAILED: nothing judged" in out, out
 
 
 needs_node = pytest.mark.skipif(shutil.which("node") is None,

@@ -4,6 +4,7 @@ test_picture_browser.py."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import subprocess
@@ -12,14 +13,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 
-from pytest_cbatch.contract import Violation
+from pytest_cbatch.contract import Violation, check_report
 from pytest_cbatch.grading.results import TestResult as GradedTest
 from pytest_cbatch.impls import resolve_impl
 from pytest_cbatch.picture import failure_page, lifecycle_page, schedule_fragment, schedule_page
 from pytest_cbatch.picture.lifecycle import script_of, steps_of
 from pytest_cbatch.picture.markup import MARK
 from pytest_cbatch.picture.schedule import MAX_LANES, MAX_PER_LANE, MAX_TICKS, schedule_of
-from pytest_cbatch.workloads import WORKLOADS
+from pytest_cbatch.workloads import BASE_CONFIG, WORKLOADS
 
 HOSTILE = "</script><img src=x onerror=alert(1)>\"'&<svg onload=alert(2)>"
 ALLOWED_TAGS = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "p", "div", "span", "i", "b", "br",
@@ -228,7 +229,8 @@ def test_a_lifecycle_failure_known_by_its_text_alone_lists_its_steps_without_a_p
 def test_a_graded_failure_is_html_on_gradescope_and_text_elsewhere() -> None:
     failing = GradedTest("contract.x", False, "the <text> & more", picture="<svg></svg>")
     doc = failing.gradescope()
-    assert doc["output_format"] == "html" and doc["output"] == "<svg></svg>\n<pre>the &lt;text&gt; &amp; more</pre>"
+    assert doc["output_format"] == "html" and doc["output"] == (
+        '<svg></svg>\n<pre style="white-space:pre-wrap;overflow-wrap:anywhere">the &lt;text&gt; &amp; more</pre>')
     assert failing.output == "the <text> & more"
     assert "output_format" not in GradedTest("contract.y", False, "text").gradescope()
     assert "output_format" not in GradedTest("contract.z", True, "ok", picture="<svg></svg>").gradescope()
@@ -266,3 +268,104 @@ def test_the_plugin_imports_no_picture_code_until_a_picture_is_drawn() -> None:
     code = "import sys, pytest_cbatch.plugin, pytest_cbatch.explain; print('pytest_cbatch.picture' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+# -- the figure fills the page, its labels are whole, its page map marks the page ---------------------------
+
+ONE_REQUEST = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 2}]
+TWO_REQUESTS = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 2},
+                {"time": 0, "event": "arrival", "id": "b", "prompt_tokens": 5, "output_tokens": 4}]
+
+
+def short_run_page(message: str = "expected ttft_ticks null, got 3") -> str:
+    """A failing run of three ticks (one request: a prefill, a decode, its release)."""
+    report = resolve_impl("reference").run(ONE_REQUEST, BASE_CONFIG).report
+    assert report["summary"]["drained_at_tick"] == 3
+    v = Violation("token_record_consistent", message, request="a", time=1)
+    return failure_page(spec="mine.py", clause=v.clause, workload="short", violations=[v], trace=ONE_REQUEST,
+                        report=report, replay="r")
+
+
+def leaking(trace: list[dict], leaked: str) -> dict:
+    """The reference, except that request ``leaked`` is never released: its pages stay in its table."""
+    import heapq
+
+    from pytest_cbatch.reference import scheduler_sim as ref
+
+    class Leak(ref.Scheduler):
+        def _release_due(self) -> None:
+            self.releases = [item for item in self.releases if item[1] != leaked or item[0] > self.now]
+            heapq.heapify(self.releases)
+            super()._release_due()
+
+    return ref.drive(Leak(**BASE_CONFIG), ref.validate_trace(trace))
+
+
+def _svg_size(page: str) -> tuple[float, float, str]:
+    found = re.search(r'<svg [^>]*width="([\d.]+)" height="([\d.]+)"[^>]*>', page)
+    assert found, page[:300]
+    style = re.search(r'style="([^"]*)"', found.group(0))
+    return float(found.group(1)), float(found.group(2)), style.group(1) if style else ""
+
+
+def test_a_short_run_fills_the_width_of_the_page() -> None:
+    """Three ticks are drawn across the figure, and the figure is scaled to the page's width."""
+    page = short_run_page()
+    width, _height, style = _svg_size(page)
+    figure = page[page.index("<svg"):page.index("</svg>")]
+    ticks = {label: float(x) for x, label in re.findall(r'<text x="([\d.]+)" y="25.0" font-size="10" '
+                                                         r'text-anchor="middle"[^>]*>(\d)</text>', figure)}
+    assert set(ticks) == {"0", "1", "2", "3", "4"}, ticks   # the run and the tick after its last event
+    assert ticks["0"] < 0.15 * width and ticks["4"] - ticks["0"] > 0.7 * width, (ticks, width)
+    assert "width:100%" in style and "height:auto" in style
+
+
+def _label_lines(page: str) -> list[str]:
+    labels = re.findall(r'<g class="violation-label">(.*?)</g>', page)
+    assert labels, "no violation label drawn"
+    return [html.unescape(t) for label in labels for t in re.findall(r"<text [^>]*>([^<]*)</text>", label)]
+
+
+def test_a_violations_label_is_whole_however_long_broken_between_words() -> None:
+    message = ("output_tokens 0, token_times [1, 2], token events at [1, 2]: the requests table and the events "
+               "disagree about how many tokens request 'a' emitted, got 0")
+    page = short_run_page(message)
+    lines = _label_lines(page)
+    assert " ".join(lines) == f"1: {message}" and len(lines) >= 2, lines
+    assert all("…" not in line for line in lines)
+    width, _h, _s = _svg_size(page)
+    boxes = re.findall(r'<g class="violation-label">.*?<rect x="([\d.]+)" y="[\d.]+" width="([\d.]+)"', page)
+    assert all(0 <= float(x) and float(x) + float(w) <= width for x, w in boxes), (boxes, width)
+    assert any(line.endswith("got 0") for line in lines), lines   # never "got" on one line, its value on the next
+
+
+def test_the_page_map_marks_the_leaked_page_itself() -> None:
+    report = leaking(TWO_REQUESTS, "a")
+    found = check_report(report, TWO_REQUESTS, BASE_CONFIG)
+    held = next(v for v in found if v.clause == "no_leaked_pages" and v.request == "a")
+    page = failure_page(spec="leak", clause="no_leaked_pages", workload="leak", violations=found,
+                        trace=TWO_REQUESTS, report=report, replay="r")
+    last = [e for e in report["events"] if e["event"] == "snapshot"][-1]
+    leaked = last["block_tables"]["a"]
+    assert leaked and str(leaked) in held.message
+    for page_id in range(BASE_CONFIG["capacity"]):
+        kind = "leaked" if page_id in leaked else "free"
+        assert f'<g class="page {kind}" data-page="{page_id}">' in page, (page_id, kind)
+    assert f"leaked (never released): page {leaked[0]} (a)" in page
+
+
+def test_the_page_map_marks_a_page_in_two_tables() -> None:
+    from pytest_cbatch.examples.broken_schedulers import shared_page
+
+    report = shared_page(TWO_REQUESTS, **BASE_CONFIG)
+    found = check_report(report, TWO_REQUESTS, BASE_CONFIG)
+    first = next(v for v in found if "appear twice" in v.message)
+    snap = report["events"][first.event_index]
+    tables = [t for t in snap["block_tables"].values() if t]
+    doubled = set(tables[0]) & set(tables[1])
+    page = failure_page(spec="shared", clause="pages_conserved", workload="shared", violations=found,
+                        trace=TWO_REQUESTS, report=report, replay="r")
+    assert f"pages at t={snap['time']}" in page
+    for page_id in doubled:
+        assert f'<g class="page doubled" data-page="{page_id}">' in page
+    assert page.count('class="page doubled"') == len(doubled) == 1

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from browser import SKIP_REASON, chromium, console_problems, marker_pixels, screenshot
+from browser import SKIP_REASON, chromium, console_problems, marker_pixels, png_rgb, screenshot
 
 from pytest_cbatch.contract import Violation
 from pytest_cbatch.grading.evaluate import Submission, grade_submission
@@ -25,6 +25,7 @@ from pytest_cbatch.grading.plan import build_plan
 from pytest_cbatch.grading.rubric import load_rubric
 from pytest_cbatch.lifecycle.oracle import PoolState
 from pytest_cbatch.picture import failure_page, lifecycle_page
+from pytest_cbatch.picture.draw import COLOURS
 from pytest_cbatch.picture.markup import MARK
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.sandbox import LoadSpec
@@ -208,3 +209,40 @@ def test_the_screenshot_shows_the_marked_violation(pages: dict[str, Path], tmp_p
     assert done.returncode == 0, done.stdout + done.stderr
     screenshot(passing, tmp_path / "ok.png", 1000, 600)
     assert marker_pixels(tmp_path / "ok.png", MARK) == 0
+
+
+def _rightmost_bar(png: Path, colour: str, least: int = 40) -> int:
+    """The x where the rightmost run of at least ``least`` pixels of ``colour`` (#rrggbb, within a small
+    tolerance) ends in a row of a screenshot: a bar of the figure, not a legend swatch or antialiased text; -1
+    when there is none."""
+    want = bytes.fromhex(colour.lstrip("#"))
+    width, _height, rows = png_rgb(png.read_bytes())
+    right = -1
+    for row in rows:
+        run = 0
+        for x in range(width):
+            run = run + 1 if all(abs(row[3 * x + c] - want[c]) <= 12 for c in range(3)) else 0
+            if run >= least:
+                right = max(right, x)
+    return right
+
+
+@needs_chromium
+@pytest.mark.parametrize("window", (1400, 800))
+def test_a_short_run_fills_the_page_at_any_width(tmp_path: Path, window: int) -> None:
+    """A run of three ticks is drawn across the page (its draining bar, the third of four ticks, ends past
+    60 % of the window), and at 800 px the whole figure still fits (it is scaled, not cut)."""
+    from pytest_cbatch.impls import resolve_impl
+    from pytest_cbatch.workloads import BASE_CONFIG
+
+    trace = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 2}]
+    report = resolve_impl("reference").run(trace, BASE_CONFIG).report
+    page = tmp_path / "short.html"
+    page.write_text(failure_page(spec="mine.py", clause="token_record_consistent", workload="short",
+                                 violations=[Violation("token_record_consistent", "output_tokens 0 but 2 token events",
+                                                       request="a", time=1)],
+                                 trace=trace, report=report, replay="r"), encoding="utf-8")
+    shot = tmp_path / "short.png"
+    screenshot(page, shot, window, 900)
+    right = _rightmost_bar(shot, COLOURS["draining"])   # its pages draining from t=2 to t=3, of a run to t=4
+    assert 0.6 * window < right < window - 20, (right, window)

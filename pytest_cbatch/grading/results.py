@@ -45,7 +45,7 @@ class TestResult:
                "status": "passed" if self.passed else "failed", "output": self.output,
                "visibility": self.visibility, "tags": list(self.tags)}
         if self.picture and not self.passed:
-            out["output"] = f"{self.picture}\n<pre>{html.escape(self.output)}</pre>"
+            out["output"] = f'{self.picture}\n<pre style="white-space:pre-wrap;overflow-wrap:anywhere">{html.escape(self.output)}</pre>'
             out["output_format"] = "html"
         return out
 

@@ -22,7 +22,7 @@ from ..bounded import Bounds
 from ..impls import BrokenOutput, Implementation, ImplementationError, Kind, Refused, SpecRequest, Stopped, Unsupported
 from ..plain import NotPlain, loads
 
-__all__ = ["ExecImplementation", "KIND", "PREFIX", "exec_report", "stderr_tail"]
+__all__ = ["ExecImplementation", "KIND", "PREFIX", "STDERR_HEADING", "exec_report", "stderr_stack", "stderr_tail"]
 
 PREFIX = "exec:"
 
@@ -67,6 +67,9 @@ class ExecImplementation(Implementation):
 STDERR_LINES = 15
 """How many of an ``exec:`` program's last stderr lines a failure shows (a crash's traceback, not only the
 last line, which for Node is its version banner)."""
+STDERR_HEADING = "the program's stderr (its last non-blank lines):"
+"""The first line of a refusal's ``stack`` that is a program's stderr, not a Python traceback: failure texts
+show it as the title of what follows (``explain.stack_lines``).  ``sandbox.program`` holds the same line."""
 
 
 def stderr_tail(stderr: bytes, lines: int = STDERR_LINES, width: int = 300) -> str:
@@ -77,6 +80,11 @@ def stderr_tail(stderr: bytes, lines: int = STDERR_LINES, width: int = 300) -> s
     return "\n".join(tail[-lines:]) if tail else "(no message on stderr)"
 
 
+def stderr_stack(stderr: bytes) -> str:
+    """A refusal's ``stack`` that is the program's stderr: ``STDERR_HEADING``, then its last lines."""
+    return f"{STDERR_HEADING}\n{stderr_tail(stderr)}"
+
+
 def exec_report(spec: str, returncode: int, stdout: bytes, stderr: bytes) -> Any:
     """The report an ``exec:`` program's exit status and output amount to, or the exception that says why
     there is none (Unsupported for exit 3, Refused for another non-zero exit, BrokenOutput for stdout
@@ -84,7 +92,7 @@ def exec_report(spec: str, returncode: int, stdout: bytes, stderr: bytes) -> Any
     if returncode == ExecImplementation.UNSUPPORTED_EXIT:
         raise Unsupported(f"{spec} exited 3 (unsupported): {stderr_tail(stderr, 1)}")
     if returncode != 0:
-        raise Refused(f"exit status {returncode}: {stderr_tail(stderr, 1)}", stderr_tail(stderr))
+        raise Refused(f"exit status {returncode}: {stderr_tail(stderr, 1)}", stderr_stack(stderr))
     try:
         return loads(stdout)
     except NotPlain as exc:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from .draw import Pin, legend, schedule_svg
-from .markup import FIGURE, esc, note, number, page, verdict
+from .markup import FIGURE, esc, note, number, page, side_by_side, verdict
 from .schedule import schedule_of
 
 __all__ = ["MAX_PINS", "MAX_TEXT", "MAX_TRACE_LINES", "failure_page", "lifecycle_page", "schedule_fragment",
@@ -22,6 +22,7 @@ __all__ = ["MAX_PINS", "MAX_TEXT", "MAX_TRACE_LINES", "failure_page", "lifecycle
 MAX_PINS = 8
 MAX_TRACE_LINES = 300
 MAX_TEXT = 20_000
+MAX_SIDE_BY_SIDE = 12
 
 
 def _pins(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list[Pin]:
@@ -36,7 +37,8 @@ def _pins(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list[P
         if t is None:
             t = number(event.get("time"))
         request = getattr(v, "request", None)
-        pins.append(Pin(i, str(getattr(v, "message", v)), t, request if isinstance(request, str) else None,
+        message = str(getattr(v, "message", v)).split("\n", 1)[0]   # a side-by-side table is drawn apart
+        pins.append(Pin(i, message, t, request if isinstance(request, str) else None,
                         cell=event.get("event") == "dispatch"))
     return pins
 
@@ -46,16 +48,39 @@ def _figure(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> list
         return [note("The implementation gave no report to draw (see the text below).")]
     pins = _pins(report, violations)
     at = next((p.time for p in pins if p.time is not None), None)
-    s = schedule_of(report, focus=[p.request for p in pins if p.request], at=at)
+    snapshot = next((i for v in violations[:MAX_PINS] if isinstance(i := getattr(v, "event_index", None), int)
+                     and _is_snapshot(report, i)), None)
+    s = schedule_of(report, focus=[p.request for p in pins if p.request], at=at, snapshot=snapshot)
     notes = [note(f"Left out to keep this page small: {esc(o, 300)}.") for o in s.omitted]
     return [legend(), *notes, f'<div style="{FIGURE}">{schedule_svg(s, pins)}</div>']
 
 
+def _is_snapshot(report: Mapping[str, Any], index: int) -> bool:
+    events = report.get("events")
+    return isinstance(events, list) and 0 <= index < len(events) and isinstance(events[index], Mapping) \
+        and events[index].get("event") == "snapshot"
+
+
 def _violations_html(violations: Sequence[Any]) -> str:
-    items = [f"{i}. {esc(str(v), 600)}" for i, v in enumerate(violations[:MAX_PINS], 1)]
+    items = [f"{i}. {esc(_headline(v) if _schedules(v) else str(v), 600)}"
+             for i, v in enumerate(violations[:MAX_PINS], 1)]
     if len(violations) > MAX_PINS:
         items.append(f"... {len(violations) - MAX_PINS} more (in the text below)")
-    return verdict("\n".join(items))
+    return verdict("\n".join(items)) + "".join(side_by_side(n, rows) for n, v in enumerate(violations[:MAX_PINS], 1)
+                                               if (rows := _schedules(v)))
+
+
+def _headline(v: Any) -> str:
+    """A violation as one line: its first (a side-by-side's table is drawn, not written)."""
+    return str(v).split("\n", 1)[0]
+
+
+def _schedules(v: Any) -> list[tuple[Any, str, str, bool]]:
+    """A course_results violation's two schedules from where they part (``contract.course.SideBySide``), or []."""
+    rows = getattr(v, "schedules", None)
+    if not isinstance(rows, tuple):
+        return []
+    return [row for row in rows[:MAX_SIDE_BY_SIDE] if isinstance(row, tuple) and len(row) == 4]
 
 
 def schedule_fragment(report: Mapping[str, Any] | None, violations: Sequence[Any]) -> str:

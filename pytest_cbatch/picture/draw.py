@@ -7,11 +7,12 @@ SVG ``<title>`` elements, which every browser renders as a tooltip.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from .markup import MARK, SWATCH, esc, rect, svg, text, title
-from .schedule import Lane, PageCount, Schedule
+from .markup import MARK, SWATCH, clip, esc, rect, svg, text, title
+from .schedule import Lane, PageCount, PageMap, Schedule
 
 __all__ = ["COLOURS", "Pin", "legend", "schedule_svg"]
 
@@ -28,9 +29,14 @@ _LABEL_W = 150
 _LANE_H = 24
 _TOP = 34
 _PAGES_H = 110
-_PIN_ROW = 22
-_WIDTH = 1000
-_RIGHT = 150  # room for the capacity label and violation labels past the last tick
+_LINE_H = 14    # a line of a violation's label
+_PIN_GAP = 5
+_WIDTH = 840   # the time axis of a run in ticks, however short; the figure is then scaled to the page's width
+_RIGHT = 110  # room for the capacity label past the last tick
+_CHAR_W = 7.0   # the widest a character of a label (11 px, bold) is drawn: labels are wrapped to fit
+_LABEL_CHARS = 600  # a violation's label: its whole message (they are bounded), wrapped, never cut short
+_MAP_TOP = 30   # the page map's row below the page counts
+_CELL_H = 22
 
 
 @dataclass(frozen=True)
@@ -62,27 +68,43 @@ def schedule_svg(s: Schedule, pins: Sequence[Pin]) -> str:
     span = s.end - s.start
     unit_w = _WIDTH / span
     if s.unit == "tick":
-        unit_w = max(6.0, min(56.0, unit_w))
+        unit_w = max(6.0, unit_w)
 
     def x(t: float) -> float:
         return _LABEL_W + (min(max(t, s.start), s.end) - s.start) * unit_w
 
     lanes_h = max(1, len(s.lanes)) * _LANE_H
-    pages_top = _TOP + lanes_h + 30 + len(pins) * _PIN_ROW
-    height = pages_top + _PAGES_H + 44
     width = _LABEL_W + span * unit_w + _RIGHT
+    row = {lane.rid: i for i, lane in enumerate(s.lanes)}
+    placed = [pin for pin in pins if (pin.time is not None and s.start <= pin.time <= s.end) or pin.request in row]
+    labels = [_wrapped(pin, width) for pin in placed]
+    pages_top = _TOP + lanes_h + 30 + sum(len(lines) * _LINE_H + 6 + _PIN_GAP for lines in labels)
+    map_h = _MAP_TOP + _CELL_H + 34 if s.page_map else 0
+    height = pages_top + _PAGES_H + 44 + map_h
     parts = [rect(0, 0, width, height, "#ffffff")]
     parts += _axis(s, x, _TOP, _TOP + lanes_h)
-    row = {lane.rid: i for i, lane in enumerate(s.lanes)}
     for i, lane in enumerate(s.lanes):
         parts += _lane(lane, _TOP + i * _LANE_H, x, unit_w if s.unit == "tick" else 0.0, s)
     if not s.lanes:
         parts.append(text(_LABEL_W, _TOP + 16, "(no request events in the report)", fill="#4a5568"))
     parts += _pages(s.pages, s, x, pages_top)
-    drawn = [_pin(pin, x, row, _TOP, lanes_h, s, unit_w if s.unit == "tick" else 0.0) for pin in pins]
+    if s.page_map:
+        parts += _page_map(s.page_map, pages_top + _PAGES_H + _MAP_TOP, width)
+    drawn, ly = [], _TOP + lanes_h + 6
+    for pin, lines in zip(placed, labels):
+        drawn.append(_pin(pin, lines, ly, x, row, _TOP, lanes_h, s, unit_w if s.unit == "tick" else 0.0, width))
+        ly += len(lines) * _LINE_H + 6 + _PIN_GAP
     parts += [marker for marker, _ in drawn] + [label for _, label in drawn]  # labels over every line
     label = esc(f"schedule of {len(s.lanes)} requests over {s.start:g}..{s.end:g} {s.unit}s")
-    return svg(width, height, parts, label)
+    return svg(width, height, parts, label, fill=True)
+
+
+def _wrapped(pin: Pin, width: float) -> list[str]:
+    """A violation's label, ``number: message``, in lines that fit the figure's width, broken between words
+    (a word longer than a whole line, only, is broken; never between "got" and its value), never cut short."""
+    most = max(20, int((width - 18) / _CHAR_W))
+    whole = clip(f"{pin.number}: {pin.message}", _LABEL_CHARS).replace("got ", "got\u00a0")  # "got" keeps its value
+    return [line.replace("\u00a0", " ") for line in textwrap.wrap(whole, most, break_on_hyphens=False)] or [""]
 
 
 def _axis(s: Schedule, x: Scale, top: float, bottom: float) -> list[str]:
@@ -175,11 +197,11 @@ def _pages(counts: Sequence[PageCount], s: Schedule, x: Scale, top: float) -> li
     return parts
 
 
-def _pin(pin: Pin, x: Scale, row: dict[str, int], top: float, lanes_h: float, s: Schedule,
-         cell_w: float) -> tuple[str, str]:
+def _pin(pin: Pin, lines: Sequence[str], ly: float, x: Scale, row: dict[str, int], top: float, lanes_h: float,
+         s: Schedule, cell_w: float, width: float) -> tuple[str, str]:
     """A violation's marker: a ring on its request's lane (the lane's label when it has no time), or an outline
-    of its whole column when it names no request; and, on a row of its own below the lanes, its number and
-    message, joined to the marker by a line."""
+    of its whole column when it names no request; and, at ``ly`` below the lanes, its number and message in
+    ``lines``, joined to the marker by a line."""
     tip = esc(f"violation {pin.number}: {pin.message}", 600)
     lane = row.get(pin.request or "")
     timed = pin.time is not None and s.start <= pin.time <= s.end
@@ -189,7 +211,6 @@ def _pin(pin: Pin, x: Scale, row: dict[str, int], top: float, lanes_h: float, s:
         cx = _LABEL_W - 12
     else:
         return "", ""
-    ly = top + lanes_h + 6 + (pin.number - 1) * _PIN_ROW
     if lane is not None:
         cy = top + (lane + 0.5) * _LANE_H
         marker = (f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="13" fill="none" stroke="{MARK}" stroke-width="4"/>'
@@ -200,10 +221,56 @@ def _pin(pin: Pin, x: Scale, row: dict[str, int], top: float, lanes_h: float, s:
         left = cx - w / 2
         marker = rect(left, top - 4, w, lanes_h + 8, "none", extra=f' stroke="{MARK}" stroke-width="3"') + \
             f'<line x1="{cx:.1f}" y1="{top + lanes_h + 4:.1f}" x2="{cx:.1f}" y2="{ly:.1f}" stroke="{MARK}"/>'
-    label = esc(f"{pin.number}: {pin.message}", 90)
-    width = 8 + 6.4 * min(len(pin.message) + 3, 90)
-    lx = max(4.0, min(cx - 10, x(s.end) + _RIGHT - 10 - width))
+    box_w = 10 + _CHAR_W * max(len(line) for line in lines)
+    lx = max(4.0, min(cx - 10, width - 4 - box_w))
+    body = "".join(text(lx + 5, ly + 13 + i * _LINE_H, esc(line, _LABEL_CHARS), size=11, fill="#1a202c",
+                        weight="bold") for i, line in enumerate(lines))
     return (f"<g>{title(tip)}{marker}</g>",
-            f"<g>{title(tip)}"
-            + rect(lx, ly, width, _PIN_ROW - 3, "#ffffff", extra=f' stroke="{MARK}" stroke-width="2"')
-            + text(lx + 5, ly + 14, label, size=11, fill="#1a202c", weight="bold") + "</g>")
+            f'<g class="violation-label">{title(tip)}'
+            + rect(lx, ly, box_w, len(lines) * _LINE_H + 6, "#ffffff", extra=f' stroke="{MARK}" stroke-width="2"')
+            + body + "</g>")
+
+
+def _page_map(m: PageMap, top: float, width: float) -> list[str]:
+    """Every page of the pool at one snapshot, a cell each by id: free, held (and by whom), and the pages that
+    break a rule edged in the violation's colour: in two block tables, or leaked (held at the end by a request
+    never released); then the pages the snapshot counts in use that no table lists."""
+    cells = m.capacity + m.unlisted
+    cell_w = max(4.0, min(48.0, (width - _LABEL_W - 20) / max(cells, 1)))
+    what = "the last snapshot" if m.last else "the violation's snapshot"
+    parts = [text(8, top + 14, f"pages at t={m.time:g}", size=12, weight="bold"),
+             text(8, top + 28, f"({what})", size=10, fill="#4a5568")]
+    for page in range(m.capacity):
+        held = m.owners.get(page, [])
+        kind = "doubled" if page in m.doubled else "leaked" if page in m.leaked else "held" if held else "free"
+        fill = ("#ffffff" if not held else COLOURS["draining"] if all(r in m.ended for r in held)
+                else COLOURS["allocated"])
+        why = {"doubled": " - in two block tables", "leaked": " - leaked: never released after the last snapshot"}
+        tip = esc(f"page {page}: " + (f"held by {', '.join(held[:4])}" if held else "free") + why.get(kind, ""), 300)
+        px = _LABEL_W + page * cell_w
+        edge = (f' stroke="{MARK}" stroke-width="3"' if kind in ("doubled", "leaked") else ' stroke="#a0aec0"')
+        parts.append(f'<g class="page {kind}" data-page="{page}">'
+                     + rect(px + 1, top, cell_w - 2, _CELL_H, fill, tip, extra=edge)
+                     + (text(px + cell_w / 2, top + 15, str(page), size=9, anchor="middle",
+                             fill="#1a202c" if not held else "#ffffff") if cell_w >= 16 else "") + "</g>")
+    if m.unlisted:
+        px = _LABEL_W + m.capacity * cell_w + 10
+        tip = esc(f"{m.unlisted} page(s) counted in use (allocated_blocks) that no block table lists: leaked, "
+                  f"ids unknown", 300)
+        parts.append(f'<g class="page unlisted" data-pages="{m.unlisted}">'
+                     + "".join(rect(px + i * cell_w + 1, top, cell_w - 2, _CELL_H, "#fff0f8",
+                                    tip, extra=f' stroke="{MARK}" stroke-width="3" stroke-dasharray="4 2"')
+                               for i in range(m.unlisted)) + "</g>")
+    notes = [_pages_said("in two block tables", sorted(m.doubled), m) if m.doubled else "",
+             _pages_said("leaked (never released)", sorted(m.leaked), m) if m.leaked else "",
+             f"{m.unlisted} page(s) counted in use that no block table lists (leaked; ids unknown)"
+             if m.unlisted else ""]
+    said = "; ".join(n for n in notes if n)
+    parts.append(text(_LABEL_W, top + _CELL_H + 16, esc(said or "no page breaks a rule here", 300), size=11,
+                      fill=MARK if said else "#4a5568", weight="bold" if said else "normal"))
+    return parts
+
+
+def _pages_said(what: str, pages: list[int], m: PageMap) -> str:
+    held = ", ".join(f"page {p} ({' and '.join(m.owners[p][:2])})" for p in pages[:6])
+    return f"{what}: {held}" + (f" and {len(pages) - 6} more" if len(pages) > 6 else "")

@@ -13,8 +13,8 @@ import math
 import reprlib
 from typing import Any, Iterable
 
-__all__ = ["FIGURE", "MARK", "SWATCH", "clip", "esc", "note", "number", "page", "rect", "svg", "text", "title",
-           "verdict"]
+__all__ = ["FIGURE", "MARK", "SWATCH", "clip", "esc", "note", "number", "page", "rect", "side_by_side", "svg", "text",
+           "title", "verdict"]
 
 MARK = "#ff00aa"
 """The colour of the violating event's marker, and of nothing else on a page (the screenshot test looks for it)."""
@@ -33,6 +33,23 @@ def verdict(body: str, ok: bool = False) -> str:
     edge, ground = ("#2f855a", "#f0fff4") if ok else (MARK, "#fff0f8")
     return (f'<div style="border-left:6px solid {edge};background:{ground};padding:8px 12px;margin:8px 0 12px;'
             f'white-space:pre-wrap">{body}</div>')
+
+
+_CELL = ' style="padding:2px 10px;border-bottom:1px solid #e2e8f0;text-align:left;vertical-align:top"'
+
+
+def side_by_side(number: int, rows: Iterable[tuple[Any, Any, Any, Any]]) -> str:
+    """Violation ``number``'s two schedules from where they part, a tick a row: (tick, the course's rows, the
+    report's rows, whether they are the same); a row that differs is edged in the violation's colour."""
+    cells = []
+    for tick, ours, theirs, same in rows:
+        edge = "" if same is True else f' class="parts" style="outline:2px solid {MARK}"'
+        cells.append(f"<tr{edge}><td{_CELL}>t={esc(tick, 20)}</td><td{_CELL}>{esc(ours or '-', 400)}</td>"
+                     f"<td{_CELL}>{esc(theirs or '-', 400)}</td></tr>")
+    return (f"<p><b>{number}: the two schedules from the dispatch where they part</b></p>"
+            f'<table class="schedules" style="border-collapse:collapse;margin:4px 0 12px;font:13px ui-monospace,'
+            f'Menlo,Consolas,monospace"><tr><th{_CELL}>tick</th><th{_CELL}>the course&#x27;s '
+            f"simulator</th><th{_CELL}>this report</th></tr>{''.join(cells)}</table>")
 
 
 def note(body: str) -> str:
@@ -91,10 +108,13 @@ def text(x: float, y: float, body: str, *, size: int = 11, anchor: str = "start"
             f'font-weight="{weight}" font-family="system-ui,sans-serif">{body}</text>')
 
 
-def svg(width: float, height: float, parts: Iterable[str], label: str) -> str:
-    """An inline SVG figure of ``parts``; ``label`` (escaped) is its accessible name."""
+def svg(width: float, height: float, parts: Iterable[str], label: str, fill: bool = False) -> str:
+    """An inline SVG figure of ``parts``; ``label`` (escaped) is its accessible name.  With ``fill`` it is
+    scaled to the width of the page (down to 60 % of its own: a wider one scrolls in its box)."""
+    style = f' style="width:100%;min-width:{0.6 * width:.0f}px;height:auto"' if fill else ""
     return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-            f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{label}">' + "".join(parts) + "</svg>")
+            f'viewBox="0 0 {width:.0f} {height:.0f}"{style} role="img" aria-label="{label}">'
+            + "".join(parts) + "</svg>")
 
 
 def page(heading: str, body: Iterable[str]) -> str:

@@ -15,8 +15,8 @@ from typing import Any, Mapping, Sequence
 
 from .markup import clip, number
 
-__all__ = ["Cell", "Lane", "Mark", "MAX_EVENTS", "MAX_LANES", "MAX_PER_LANE", "MAX_SNAPSHOTS", "MAX_TICKS",
-           "MAX_TIME", "PageCount", "Schedule", "schedule_of"]
+__all__ = ["Cell", "Lane", "Mark", "MAX_EVENTS", "MAX_LANES", "MAX_MAPPED_PAGES", "MAX_PER_LANE", "MAX_SNAPSHOTS",
+           "MAX_TICKS", "MAX_TIME", "PageCount", "PageMap", "Schedule", "schedule_of"]
 
 MAX_LANES = 32
 MAX_TICKS = 240
@@ -24,6 +24,7 @@ MAX_EVENTS = 50_000
 MAX_PER_LANE = 2 * MAX_TICKS
 MAX_SNAPSHOTS = 2 * MAX_TICKS
 MAX_TIME = 1e9
+MAX_MAPPED_PAGES = 512
 TERMINAL = ("finished", "cancelled", "rejected")
 POINT_EVENTS = ("preempted", "cancelled", "rejected", "finished", "release", "admission_blocked", "cancel_ignored")
 
@@ -70,6 +71,23 @@ class PageCount:
 
 
 @dataclass
+class PageMap:
+    """Every page of the pool in one snapshot (the violation's, else the last): who holds each, and the pages
+    that break a rule there: ``doubled`` (in two block tables), ``leaked`` (held in the last snapshot by a
+    request never released after it), and ``unlisted``, how many pages the snapshot counts as allocated that
+    no block table lists (their ids are not in the report)."""
+
+    time: float
+    capacity: int
+    owners: dict[int, list[str]]
+    ended: set[str]
+    doubled: set[int]
+    leaked: set[int]
+    unlisted: int
+    last: bool
+
+
+@dataclass
 class Schedule:
     lanes: list[Lane]
     pages: list[PageCount]
@@ -78,6 +96,7 @@ class Schedule:
     end: float
     unit: str
     omitted: list[str] = field(default_factory=list)
+    page_map: PageMap | None = None
 
 
 def _count(value: Any) -> int | None:
@@ -89,9 +108,12 @@ def _rid(value: Any) -> str | None:
     return clip(value, 120) if isinstance(value, str) and value else None
 
 
-def schedule_of(report: Mapping[str, Any], focus: Sequence[str] = (), at: float | None = None) -> Schedule:
+def schedule_of(report: Mapping[str, Any], focus: Sequence[str] = (), at: float | None = None,
+                snapshot: int | None = None) -> Schedule:
     """The lanes and page counts of ``report``.  Requests in ``focus`` (the violation's) come first;
-    with a time ``at``, a run longer than MAX_TICKS is shown in a window around it."""
+    with a time ``at``, a run longer than MAX_TICKS is shown in a window around it.  The page map is of the
+    event ``snapshot`` when it is a snapshot (the violation's), else of the last snapshot at or before ``at``,
+    else of the last one."""
     raw = report.get("events") if isinstance(report, Mapping) else None
     events = [e for e in raw[:MAX_EVENTS] if isinstance(e, Mapping)] if isinstance(raw, list) else []
     omitted = [f"{len(raw) - MAX_EVENTS} events after the first {MAX_EVENTS}"] if isinstance(raw, list) and \
@@ -138,7 +160,40 @@ def schedule_of(report: Mapping[str, Any], focus: Sequence[str] = (), at: float 
     if len(shown) > MAX_SNAPSHOTS:
         omitted.append(f"{len(shown) - MAX_SNAPSHOTS} of {len(shown)} page snapshots (an even sample is drawn)")
         shown = shown[:: -(-len(shown) // MAX_SNAPSHOTS)]
-    return Schedule(ordered, shown, capacity, start, end, unit, omitted)
+    return Schedule(ordered, shown, capacity, start, end, unit, omitted,
+                    _page_map(events, capacity, snapshot if isinstance(raw, list) else None, at))
+
+
+def _page_map(events: list[Mapping[str, Any]], capacity: int | None, index: int | None,
+              at: float | None) -> PageMap | None:
+    """The page map of one snapshot (see ``schedule_of``), or None without a capacity or a snapshot."""
+    if capacity is None or not 0 < capacity <= MAX_MAPPED_PAGES:
+        return None
+    snaps = [i for i, ev in enumerate(events) if ev.get("event") == "snapshot" and number(ev.get("time")) is not None
+             and isinstance(ev.get("block_tables"), Mapping)]
+    if not snaps:
+        return None
+    chosen = index if index in snaps else None
+    if chosen is None and at is not None:
+        chosen = next((i for i in reversed(snaps) if number(events[i].get("time")) <= at), None)
+    chosen = snaps[-1] if chosen is None else chosen
+    snap = events[chosen]
+    owners: dict[int, list[str]] = {}
+    for rid, table in list(snap["block_tables"].items())[:MAX_MAPPED_PAGES]:
+        pages = [p for p in table[:MAX_MAPPED_PAGES] if isinstance(p, int) and not isinstance(p, bool)] \
+            if isinstance(table, list) else []
+        for page in set(pages):
+            if 0 <= page < capacity:
+                owners.setdefault(page, []).append(clip(rid, 120))
+    ended = {clip(ev.get("id"), 120) for ev in events[:chosen] if ev.get("event") in TERMINAL}
+    last = chosen == snaps[-1]
+    released = {clip(ev.get("id"), 120) for ev in events[chosen + 1:] if ev.get("event") == "release"}
+    leaked = {page for page, held in owners.items() if last and any(rid not in released for rid in held)}
+    allocated = _count(snap.get("allocated_blocks"))
+    distinct = len(owners)
+    unlisted = max(0, min(capacity - distinct, (allocated or 0) - distinct))
+    return PageMap(number(snap.get("time")) or 0.0, capacity, owners, ended,
+                   {page for page, held in owners.items() if len(held) > 1}, leaked, unlisted, last)
 
 
 def _trim(lane: Lane, start: float, end: float) -> int:

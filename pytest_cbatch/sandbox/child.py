@@ -461,7 +461,8 @@ def main(argv: list[str]) -> int:
         except SystemExit as exc:
             reply = exited(exc)
         except BaseException as exc:  # noqa: BLE001 - the submission's errors are data for the parent
-            reply = raised(exc, own_stack(exc, server.folder))
+            stack = getattr(exc, "cbatch_stack", None)   # a program's refusal: its stderr (sandbox.program)
+            reply = raised(exc, stack if isinstance(stack, str) else own_stack(exc, server.folder))
         if watch is not None:
             watch.disarm()
         send(reply)

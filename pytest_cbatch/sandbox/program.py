@@ -22,10 +22,30 @@ import subprocess
 import threading
 from typing import Any
 
-__all__ = ["Program", "ProgramOutputError", "find_command", "UNSUPPORTED_EXIT"]
+__all__ = ["Program", "ProgramOutputError", "ProgramRefused", "STDERR_HEADING", "find_command", "stderr_stack",
+           "UNSUPPORTED_EXIT"]
 
 UNSUPPORTED_EXIT = 3
-_STDERR_KEPT = 4096
+_STDERR_KEPT = 64 * 1024
+STDERR_HEADING = "the program's stderr (its last non-blank lines):"
+
+
+def stderr_stack(stderr: bytes, lines: int = 15, width: int = 300) -> str:
+    """A refusal's ``stack`` that is the program's stderr: ``STDERR_HEADING``, then its last ``lines``
+    non-blank lines, each cut to ``width`` characters.  The same text as ``kinds.command.stderr_stack`` (this
+    module cannot import the kit; a test keeps the two equal)."""
+    text = stderr[-_STDERR_KEPT:].decode("utf-8", "replace")
+    tail = [line if len(line) <= width else line[:width - 3] + "..." for line in text.splitlines() if line.strip()]
+    return STDERR_HEADING + "\n" + ("\n".join(tail[-lines:]) if tail else "(no message on stderr)")
+
+
+class ProgramRefused(ValueError):
+    """The program exited non-zero (or was killed): it refused the run.  ``cbatch_stack`` is its stderr's
+    last lines under ``STDERR_HEADING``, which the child sends as the refusal's stack (``child``)."""
+
+    def __init__(self, message: str, stderr: bytes) -> None:
+        super().__init__(message)
+        self.cbatch_stack = stderr_stack(stderr)
 
 
 class ProgramOutputError(Exception):
@@ -77,9 +97,9 @@ class Program:
         if code == UNSUPPORTED_EXIT:
             raise NotImplementedError(f"the program exited 3 (unsupported): {message}")
         if code < 0:
-            raise ValueError(f"the program was killed by signal {-code}: {message}")
+            raise ProgramRefused(f"the program was killed by signal {-code}: {message}", bytes(stderr.kept))
         if code != 0:
-            raise ValueError(f"exit status {code}: {message}")
+            raise ProgramRefused(f"exit status {code}: {message}", bytes(stderr.kept))
         try:
             return json.loads(bytes(stdout.kept))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
