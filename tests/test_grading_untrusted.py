@@ -495,3 +495,15 @@ def test_on_a_ray_worker_a_hostile_name_is_graded_under_the_name_it_has_on_the_d
     rubric = load_rubric(_rubric(tmp_path))
     returned = grade_remote(bundle, rubric, build_plan(rubric), "process", kit_version(), driver._grade_one, discover)
     assert returned.result.name == sub.name and returned.result.score == FULL
+
+
+def test_a_failure_text_escapes_what_the_implementation_wrote() -> None:
+    from pytest_cbatch.contract import Violation
+    from pytest_cbatch.explain import explain_failure
+
+    trace = [{"time": 0, "event": "arrival", "id": "a\x1b[2J", "prompt_tokens": 1, "output_tokens": 1}]
+    text = explain_failure(spec="x", clause="completes", workload="w",
+                           violations=[Violation("completes", "it raised ValueError: \x1b[31mred\x07\rforged")],
+                           trace=trace, config={}, report=None, trace_path="t.jsonl",
+                           stack="Traceback\n  \x1b]0;title\x07")
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "\\x1b[31mred" in text
