@@ -7,6 +7,7 @@ import json
 import shlex
 from typing import Any, Mapping, Sequence
 
+from . import untrusted
 from .contract import CLAUSES, RUNNER_CLAUSES, Violation
 
 __all__ = ["explain_failure", "replay_command", "stack_lines", "timeline", "trace_jsonl", "clause_statement"]
@@ -140,4 +141,5 @@ def explain_failure(
         lines += ["  " + timeline(report, rid) for rid in ids[:MAX_TIMELINES]]
     lines.append("replay:")
     lines.append("  " + replay_command(replay_spec or spec, trace_path, config, clause))
-    return "\n".join(lines)
+    # Messages, ids and stacks quote the implementation: on a terminal its control characters are escaped.
+    return untrusted.text("\n".join(lines), None)

@@ -475,3 +475,35 @@ def test_a_worker_killed_for_memory_costs_only_its_own_submission(tmp_path: Path
     assert sorted(outcome) == ["alice", "bob", "carol", "hog"] and len(events) == 4  # each exactly once
     assert isinstance(outcome["hog"], RuntimeError) and "worker process died" in str(outcome["hog"])
     assert all(outcome[n].score == FULL for n in ("alice", "bob", "carol"))
+
+
+def test_on_a_ray_worker_a_hostile_name_is_graded_under_the_name_it_has_on_the_driver(tmp_path: Path) -> None:
+    from pytest_cbatch.grading.bundle import pack, unpack
+    from pytest_cbatch.grading.ray_runner import grade_remote
+    from pytest_cbatch.grading.shards import kit_version
+
+    subs = tmp_path / "subs"
+    folder = _published(subs / "caf\udce9 =x")
+    (folder / "notes\udcff.txt").write_bytes(b"a file named with invalid UTF-8\n")
+    (sub,) = discover(subs)
+    assert sub.name == "caf%E9%20%3Dx"
+    bundle = pack(sub)
+    assert len(bundle.digest()) == 64  # a name of any bytes fingerprints
+    (tmp_path / "elsewhere").mkdir()
+    unpacked = unpack(bundle, tmp_path / "elsewhere")  # the worker's side: the bundle's safe name, its files
+    assert sorted(p.name for p in unpacked.iterdir()) == sorted(p.name for p in folder.iterdir())
+    rubric = load_rubric(_rubric(tmp_path))
+    returned = grade_remote(bundle, rubric, build_plan(rubric), "process", kit_version(), driver._grade_one, discover)
+    assert returned.result.name == sub.name and returned.result.score == FULL
+
+
+def test_a_failure_text_escapes_what_the_implementation_wrote() -> None:
+    from pytest_cbatch.contract import Violation
+    from pytest_cbatch.explain import explain_failure
+
+    trace = [{"time": 0, "event": "arrival", "id": "a\x1b[2J", "prompt_tokens": 1, "output_tokens": 1}]
+    text = explain_failure(spec="x", clause="completes", workload="w",
+                           violations=[Violation("completes", "it raised ValueError: \x1b[31mred\x07\rforged")],
+                           trace=trace, config={}, report=None, trace_path="t.jsonl",
+                           stack="Traceback\n  \x1b]0;title\x07")
+    assert "\x1b" not in text and "\x07" not in text and "\r" not in text and "\\x1b[31mred" in text
