@@ -226,8 +226,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
                         "is it the trace the report was made from?")
                 raise ValueError(f"{args.report} is not a report of {trace_name}: {mismatch}; {hint}")
             print(f"trace: {trace_name}")
-            if args.course or "course_results" in (wanted or ()):
-                given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
+            given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
             honoured = CLAIMS if args.honour_claims else frozenset()
             violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in, honoured=honoured,
                                       claimant=f"a recorded report ({args.report}) unless --honour-claims says "
@@ -294,11 +293,18 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
 
 
 def _recorded_settings(report: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler settings a recorded report's config names (what ``--report`` checks it against)."""
-    from .reference.scheduler_sim import CONFIG_CHOICES
+    """The valid scheduler settings a recorded report's config names (what ``--report`` checks it against
+    where no flag says otherwise); schema_valid judges the others."""
+    from .reference.scheduler_sim import validate_config
 
     config = report.get("config")
-    return {k: v for k, v in config.items() if k in CONFIG_CHOICES} if isinstance(config, dict) else {}
+    out = {}
+    for key, value in config.items() if isinstance(config, dict) else ():
+        try:
+            out.update(validate_config({key: value}))
+        except ValueError:
+            continue
+    return out
 def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report: Any,
           violations: Sequence[Any], checked: Sequence[str]) -> str:
     """Write the page of one checked run to ``out``; the line that names it."""

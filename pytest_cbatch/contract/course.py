@@ -108,7 +108,7 @@ def course_scope(asked: Mapping[str, Any]) -> str | None:
         opt_in="--cbatch-course (pytest), cbatch check --course, [grading] course = true (rubric)",
         scope=course_scope)
 def _course_results(ix: ReportIndex) -> Iterator[Violation]:
-    config = course_config(ix.asked)
+    config = course_config(ix.cfg)
     expected = _published().simulate(ix.trace, **config)
     given = "the course's simulator gives"
     impossible = {rid for rid, line in ix.arrivals.items()
