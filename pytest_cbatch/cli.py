@@ -280,7 +280,8 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
         print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
               if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
                                   f"check it alone with --clause invalid_input_refused)")
-    counted = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+    counted = (f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+               + (f" and {len(opt_in)} opt-in: {', '.join(opt_in)}" if opt_in else ""))
     if failed:
         print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
         return 1
@@ -441,9 +442,10 @@ def _clauses(argv: list[str]) -> int:
         return 0
     default = [c for c in CLAUSES.values() if not c.opt_in]
     opt_in = [c for c in CLAUSES.values() if c.opt_in]
-    print(f"# the contract's {1 + len(default) + len(RUNNER_CLAUSES)} clauses: completes, {len(default)} judged on "
-          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself"
-          + (f"; then {len(opt_in)} judged only when asked for" if opt_in else ""))
+    contract = 1 + len(default) + len(RUNNER_CLAUSES)
+    print(f"# {contract + len(opt_in)} clauses: the contract's {contract} (completes, {len(default)} judged on the "
+          f"report, {len(RUNNER_CLAUSES)} that watch the implementation itself)"
+          + (f", then {len(opt_in)} opt-in, judged only when asked for" if opt_in else ""))
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
         print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))
