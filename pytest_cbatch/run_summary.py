@@ -97,6 +97,12 @@ class Reporter:
         why = str(report.longrepr) if report.skipped else ""
         self.state.count(part, props.get("cbatch_clause"), outcome, unobservable="not observable" in why,
                          blocked=NO_REPORT in why or SCHEMA_BLOCKED in why)
+        if "cbatch_covered" in props:  # a generated-trace test: the clauses its examples judged, the one that failed
+            judged = set(str(props.get("cbatch_judged", "")).split(","))
+            failed = props.get("cbatch_failed")
+            for clause in filter(None, str(props["cbatch_covered"]).split(",")):
+                self.state.count_clause(clause, outcome if clause == failed else
+                                        "passed" if clause in judged else "skipped")
         for clause in filter(None, str(props.get("cbatch_unjudged", "")).split(",")):
             self.state.unjudged.setdefault(clause, []).append(str(props.get("cbatch_workload", part)))
 

@@ -50,33 +50,74 @@ def test_contract(clause: str, workload: str, cbatch_state: CbatchState, request
                     shrink=clause != "invalid_input_refused")
 
 
-def _check_generated(state: CbatchState, workload: tuple[list[dict[str, Any]], dict[str, Any]], tag: str) -> None:
-    trace, config = workload[0], state.workload_config(workload[1])
-    judge = state.judge
-    for cid in state.clauses:
-        if cid in ("invalid_input_refused", "deterministic"):
-            continue
-        result = judge.judge(cid, trace, config)
-        if result.status == "skip":
-            if cid == "completes":
-                return  # this generated config needs a capability the implementation lacks
-            continue
-        if result.status == "fail":
-            fail_clause(state, cid, f"generated-{tag}", trace, config, result, shrink=False)
+def _covered(state: CbatchState) -> list[str]:
+    """The clauses a generated example judges: every one but those with workloads of their own."""
+    return [cid for cid in state.clauses if cid not in ("invalid_input_refused", "deterministic")]
 
 
-@given(workload=strategies.workloads())
-def test_generated_traces(workload: tuple[list[dict[str, Any]], dict[str, Any]], cbatch_state: CbatchState) -> None:
+class _Examples:
+    """What the generated examples of one test judged: the clauses that reached a verdict, the clause that
+    failed, and why examples judged nothing (the implementation declined their settings)."""
+
+    def __init__(self) -> None:
+        self.tried = 0
+        self.judged: set[str] = set()
+        self.failed = ""
+        self.declined: dict[str, None] = {}
+
+    def check(self, state: CbatchState, workload: tuple[list[dict[str, Any]], dict[str, Any]], tag: str) -> None:
+        """Judge every report clause on one generated example; a failure fails the test."""
+        trace, config = workload[0], state.workload_config(workload[1])
+        judge = state.judge
+        self.tried += 1
+        for cid in _covered(state):
+            result = judge.judge(cid, trace, config)
+            if result.status == "skip":
+                if cid == "completes":
+                    self.declined.setdefault(result.reason)  # this generated config needs a capability it lacks
+                    return
+                continue
+            self.judged.add(cid)
+            if result.status == "fail":
+                self.failed = cid
+                fail_clause(state, cid, f"generated-{tag}", trace, config, result, shrink=False)
+
+    def record(self, state: CbatchState, node: pytest.Item) -> None:
+        """Hand the clauses the examples cover, those they judged and the one that failed to the end-of-run
+        summary."""
+        node.user_properties += [("cbatch_covered", ",".join(_covered(state))),
+                                 ("cbatch_judged", ",".join(sorted(self.judged))), ("cbatch_failed", self.failed)]
+
+    def require_judged(self) -> None:
+        """Skip, saying why, when no example reached a verdict: a test that judged nothing is not a pass."""
+        if not self.judged:
+            why = "; ".join(list(self.declined)[:3]) or "no example ran"
+            pytest.skip(f"not judged: the implementation declined all {self.tried} generated examples ({why})")
+
+
+def _run_examples(strategy: Any, state: CbatchState, request: pytest.FixtureRequest, tag: str) -> None:
+    examples = _Examples()
+
+    @given(workload=strategy)
+    def run(workload: tuple[list[dict[str, Any]], dict[str, Any]]) -> None:
+        examples.check(state, workload, tag)
+
+    try:
+        run()
+    finally:
+        examples.record(state, request.node)
+    examples.require_judged()
+
+
+def test_generated_traces(cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
     """Every report clause on hypothesis-generated traces and configs (reserve admission)."""
-    _check_generated(cbatch_state, workload, "reserve")
+    _run_examples(strategies.workloads(), cbatch_state, request, "reserve")
 
 
-@given(workload=strategies.preemption_workloads())
-def test_generated_traces_preemption(workload: tuple[list[dict[str, Any]], dict[str, Any]],
-                                     cbatch_state: CbatchState) -> None:
+def test_generated_traces_preemption(cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
     """Every report clause on generated traces under optimistic admission on a tight pool (preemption,
     preemption during recompute, cancels of preempted requests)."""
-    reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config(workload[1]))
+    reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config({**BASE_CONFIG, "admission": "optimistic"}))
     if reason:
         pytest.skip(reason)
-    _check_generated(cbatch_state, workload, "optimistic")
+    _run_examples(strategies.preemption_workloads(), cbatch_state, request, "optimistic")
