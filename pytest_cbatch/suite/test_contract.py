@@ -117,7 +117,8 @@ def test_generated_traces(cbatch_state: CbatchState, request: pytest.FixtureRequ
 def test_generated_traces_preemption(cbatch_state: CbatchState, request: pytest.FixtureRequest) -> None:
     """Every report clause on generated traces under optimistic admission on a tight pool (preemption,
     preemption during recompute, cancels of preempted requests)."""
-    reason = cbatch_state.impl.unsupported_reason(cbatch_state.workload_config({**BASE_CONFIG, "admission": "optimistic"}))
+    optimistic = cbatch_state.workload_config({**BASE_CONFIG, "admission": "optimistic"})
+    reason = cbatch_state.impl.unsupported_reason(optimistic)
     if reason:
         pytest.skip(reason)
     _run_examples(strategies.preemption_workloads(), cbatch_state, request, "optimistic")
