@@ -18,6 +18,7 @@ from .model import DTYPES, PRESETS
 from .oracle import partition_leads
 from .paged import Metadata, RowSpec, build_metadata, paged_attention
 from .sizes import SPLIT_KV_PARTITION
+from .threads import pinned
 
 __all__ = ["ATTENTION_CASES", "LARGE_SCORE_GAIN", "MAGNITUDES", "run_attention_parity"]
 
@@ -40,6 +41,7 @@ def _ragged_batch(cases: Sequence[tuple[int, int]], bs: int, gen: torch.Generato
     return build_metadata(rows, bs, device), sum(pages)
 
 
+@pinned
 def run_attention_parity(dtype: str, *, device: str = "cpu", preset: str = "tiny", seed: int = 0,
                          cases: Sequence[tuple[int, int]] = ATTENTION_CASES, q_gain: float = 1.0,
                          magnitude: str = "uniform", kernel: Mapping[str, str] | None = None) -> CheckResult:

@@ -34,6 +34,7 @@ from .model import DTYPES, PRESETS, Model
 from .oracle import dense_records
 from .schedules import alone_schedule
 from .streams import Records, Streams
+from .threads import pinned
 
 __all__ = [
     "Tolerance", "TOLERANCES", "CheckResult", "SCHEDULE_CHECKS", "KILL_CHECKS", "LEAD_CHECKS", "LARGE_SCORE_MIN",
@@ -383,6 +384,7 @@ def _timed(s: _Session, name: str, fn: Callable[[], CheckResult]) -> CheckResult
     return result
 
 
+@pinned
 def run_schedule_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
                         device: str = "cpu", preset: str = "tiny", seed: int = 0, block_size: int | None = None,
                         checks: Sequence[str] = SCHEDULE_CHECKS, workload: str = "") -> list[CheckResult]:
@@ -406,6 +408,7 @@ def run_schedule_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str,
     return [_timed(s, name, functools.partial(_SCHEDULE_CHECKS[name], s)) for name in checks]
 
 
+@pinned
 def run_preemption_check(trace: Iterable[Mapping[str, Any]], preempted: Mapping[str, Any],
                          baseline: Mapping[str, Any], *, dtype: str, device: str = "cpu", preset: str = "tiny",
                          seed: int = 0, block_size: int | None = None, workload: str = "") -> CheckResult:
@@ -431,6 +434,7 @@ def run_preemption_check(trace: Iterable[Mapping[str, Any]], preempted: Mapping[
     return _timed(s, "preemption_vs_none", check)
 
 
+@pinned
 def run_invariance_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *, dtype: str,
                           device: str = "cpu", preset: str = "tiny", seed: int = 0,
                           block_size: int | None = None, workload: str = "") -> list[CheckResult]:
@@ -465,6 +469,7 @@ def run_invariance_checks(trace: Iterable[Mapping[str, Any]], report: Mapping[st
     return [_timed(s, "batch_invariance", invariance), _timed(s, "negative_control", negative_control)]
 
 
+@pinned
 def mutant_kill_matrix(trace: Iterable[Mapping[str, Any]], report: Mapping[str, Any], *,
                        dtype: str = "float64", device: str = "cpu", preset: str = "tiny", seed: int = 0,
                        block_size: int | None = None, bugs: Sequence[str] = tuple(BUGS),

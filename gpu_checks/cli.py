@@ -58,7 +58,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         "(default: the profile's, 360 s for gpu, 600 s for cpu)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and token streams (default: 0)")
     p.add_argument("--threads", type=int, default=1,
-                   help="CPU threads for torch on cpu (default: 1; the small models are latency-bound)")
+                   help="CPU threads for torch's timings on cpu (default: 1; the small models are latency-bound); "
+                        "the checks always compute on one thread, so their figures are the same on every machine")
     return p
 
 

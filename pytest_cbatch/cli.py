@@ -243,8 +243,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
                         "is it the trace the report was made from?")
                 raise ValueError(f"{args.report} is not a report of {trace_name}: {mismatch}; {hint}")
             print(f"trace: {trace_name}")
-            if args.course or "course_results" in (wanted or ()):
-                given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
+            given = {**_recorded_settings(report), **given}   # the flags' default: the report's own config
             honoured = CLAIMS if args.honour_claims else frozenset()
             violations = check_report(report, trace, given, clauses=wanted, opt_in=opt_in, honoured=honoured,
                                       claimant=f"a recorded report ({args.report}) unless --honour-claims says "
@@ -298,7 +297,8 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
         print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
               if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
                                   f"check it alone with --clause invalid_input_refused)")
-    counted = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+    counted = (f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+               + (f" and {len(opt_in)} opt-in: {', '.join(opt_in)}" if opt_in else ""))
     if failed:
         print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
         return 1
@@ -311,11 +311,18 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
 
 
 def _recorded_settings(report: dict[str, Any]) -> dict[str, Any]:
-    """The scheduler settings a recorded report's config names (what ``--report`` checks it against)."""
-    from .reference.scheduler_sim import CONFIG_CHOICES
+    """The valid scheduler settings a recorded report's config names (what ``--report`` checks it against
+    where no flag says otherwise); schema_valid judges the others."""
+    from .reference.scheduler_sim import validate_config
 
     config = report.get("config")
-    return {k: v for k, v in config.items() if k in CONFIG_CHOICES} if isinstance(config, dict) else {}
+    out = {}
+    for key, value in config.items() if isinstance(config, dict) else ():
+        try:
+            out.update(validate_config({key: value}))
+        except ValueError:
+            continue
+    return out
 def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report: Any,
           violations: Sequence[Any], checked: Sequence[str]) -> str:
     """Write the page of one checked run to ``out``; the line that names it."""
@@ -452,9 +459,10 @@ def _clauses(argv: list[str]) -> int:
         return 0
     default = [c for c in CLAUSES.values() if not c.opt_in]
     opt_in = [c for c in CLAUSES.values() if c.opt_in]
-    print(f"# the contract's {1 + len(default) + len(RUNNER_CLAUSES)} clauses: completes, {len(default)} judged on "
-          f"the report, {len(RUNNER_CLAUSES)} that watch the implementation itself"
-          + (f"; then {len(opt_in)} judged only when asked for" if opt_in else ""))
+    contract = 1 + len(default) + len(RUNNER_CLAUSES)
+    print(f"# {contract + len(opt_in)} clauses: the contract's {contract} (completes, {len(default)} judged on the "
+          f"report, {len(RUNNER_CLAUSES)} that watch the implementation itself)"
+          + (f", then {len(opt_in)} opt-in, judged only when asked for" if opt_in else ""))
     print(f"completes: {COMPLETES_STATEMENT}")
     for c in default + list(RUNNER_CLAUSES.values()) + opt_in:
         print(f"{c.id}: {c.statement}" + (" (opt-in)" if c.opt_in else ""))

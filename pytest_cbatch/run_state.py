@@ -50,21 +50,25 @@ class CbatchState:
               blocked: bool = False) -> None:
         """Tally one suite test's outcome (passed, failed, skipped or error) for the end-of-run summary;
         ``blocked``: a skip because the implementation failed completes or schema_valid on that workload."""
-        empty = dict.fromkeys(OUTCOMES, 0)
-        self.parts.setdefault(part, dict(empty))[outcome] += 1
+        self.parts.setdefault(part, dict.fromkeys(OUTCOMES, 0))[outcome] += 1
         if clause is not None:
-            self.outcomes.setdefault(clause, dict(empty))[outcome] += 1
+            self.count_clause(clause, outcome)
             if blocked:
                 self.blocked[clause] = self.blocked.get(clause, 0) + 1
         self.unobservable += unobservable
+
+    def count_clause(self, clause: str, outcome: str) -> None:
+        """Tally one verdict of ``clause`` (a test of it, or the examples of a generated-trace test)."""
+        self.outcomes.setdefault(clause, dict.fromkeys(OUTCOMES, 0))[outcome] += 1
 
     def judged(self) -> list[str]:
         """The clauses (and lifecycle parts, numeric checks) that passed or failed on some test."""
         return sorted(c for c, n in self.outcomes.items() if judged_count(n))
 
     def judged_nothing(self) -> bool:
-        """Whether no suite test (of any part, generated traces included) passed or failed."""
-        return bool(self.parts) and not any(judged_count(n) for n in self.parts.values())
+        """Whether suite tests ran and no clause of the implementation (contract, lifecycle part, numeric check
+        on its reports, a clause of a generated-trace example) reached a verdict, whatever else passed."""
+        return bool(self.parts) and not any(judged_count(n) for n in self.outcomes.values())
 
     @property
     def judge(self) -> Any:

@@ -94,6 +94,41 @@ def test_clauses_lists_the_contract(capsys) -> None:
     assert any(line.startswith("ttft_null_on_cancel: ") for line in out.splitlines()), out
 
 
+def test_clauses_header_counts_the_rows_it_lists(capsys) -> None:
+    import re
+
+    from pytest_cbatch.runner import ALL_CLAUSES, OPT_IN_CLAUSES
+
+    code, out, _ = cbatch(capsys, "clauses")
+    header, *lines = out.splitlines()
+    rows = [line for line in lines if not line.startswith(" ")]  # a clause's own rules are indented under it
+    found = re.match(r"# (\d+) clauses: the contract's (\d+) \(completes, (\d+) judged on the report, (\d+) that "
+                     r"watch the implementation itself\), then (\d+) opt-in", header)
+    assert code == 0 and found, header
+    total, contract, report, runner, opt_in = map(int, found.groups())
+    assert total == len(rows) == contract + opt_in and contract == 1 + report + runner, header
+    assert (contract, opt_in) == (len(ALL_CLAUSES), len(OPT_IN_CLAUSES))
+    assert sum(row.endswith(" (opt-in)") for row in rows) == opt_in
+
+
+@pytest.mark.parametrize("flags", [[], ["--course"]], ids=["default", "course"])
+def test_check_counts_add_up_to_the_clauses_asked_for(capsys, flags) -> None:
+    """The clauses judged and those named as not judged make up the contract's and the opt-in ones asked for."""
+    import re
+
+    from pytest_cbatch.runner import ALL_CLAUSES, OPT_IN_CLAUSES
+
+    code, out, _ = cbatch(capsys, "check", "--impl", "reference", *flags)
+    found = re.search(r"OK: all (\d+) clauses judged \(of the contract's (\d+) clauses(?: and (\d+) opt-in: "
+                      r"([a-z_, ]+))?\) hold", out)
+    unjudged = re.search(r"not judged in this run: ([a-z_, ]+) \(", out)
+    assert code == 0 and found and unjudged, out
+    judged, contract, opt_in = int(found[1]), int(found[2]), int(found[3] or 0)
+    assert contract == len(ALL_CLAUSES) and opt_in == (len(OPT_IN_CLAUSES) if flags else 0), out
+    assert judged + len(unjudged[1].split(", ")) == contract + opt_in, out
+    assert (found[4] or "").split(", ") == (list(OPT_IN_CLAUSES) if flags else [""])
+
+
 def test_impls_lists_reference(capsys) -> None:
     code, out, _ = cbatch(capsys, "impls")
     assert code == 0

@@ -142,7 +142,7 @@ def client_report() -> tuple[Report, list[dict[str, Any]], dict[str, Any]]:
     trace = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 3, "output_tokens": 3},
              {"time": 0, "event": "arrival", "id": "b", "prompt_tokens": 3, "output_tokens": 4},
              {"time": 2, "event": "cancel", "id": "b"}]
-    config = {**BASE_CONFIG, "tick_seconds": 0.05}
+    config = dict(BASE_CONFIG)   # what the run asks; the kit's client records its tick_seconds beside it
     events = [
         {"time": 0.001, "event": "arrival", "id": "a"}, {"time": 0.002, "event": "arrival", "id": "b"},
         {"time": 0.030, "event": "token", "id": "a", "output_index": 1},
@@ -155,7 +155,7 @@ def client_report() -> tuple[Report, list[dict[str, Any]], dict[str, Any]]:
            "token_times": [0.030, 0.045, 0.045], "queue_ticks": None, "ttft_ticks": 0.030 - 0.001,
            "itl_ticks": [0.045 - 0.030], "tpot": (0.045 - 0.030) / 2, "usage_completion_tokens": 3}
     report = {
-        "schema_version": 1, "time_unit": "seconds", "config": config,
+        "schema_version": 1, "time_unit": "seconds", "config": {**config, "tick_seconds": 0.05},
         "observed": ["arrival", "token", "finished", "cancelled", "cancel_ignored", "rejected"],
         "requests": {"a": row, "b": {"status": "cancelled", "arrival": 0.002, "admitted": None, "end": 0.101,
                                      "output_tokens": 0, "token_times": [], "queue_ticks": None, "ttft_ticks": None,

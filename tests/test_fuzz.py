@@ -35,7 +35,7 @@ from pytest_cbatch.kinds.command import exec_report
 from pytest_cbatch.lifecycle import PART_CLAUSES, lifecycle_verdicts
 from pytest_cbatch.plain import NotPlain, plain
 from pytest_cbatch.reference import scheduler_faults
-from pytest_cbatch.reference.scheduler_sim import load_trace, simulate, validate_trace
+from pytest_cbatch.reference.scheduler_sim import load_trace, simulate, validate_config, validate_trace
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
 from pytest_cbatch.workloads import BASE_CONFIG
 
@@ -252,6 +252,70 @@ def test_hostile_trace_files_are_refused_by_line(request: pytest.FixtureRequest,
         assert plain(trace) == trace
 
     check()
+
+
+# -- check_report's own arguments (the caller's config and trace) --------------------------------------
+
+SETTING_VALUES = (st.integers(-3, 10**6) | st.floats(allow_nan=False, max_value=1e6) | st.text(max_size=6)
+                  | st.booleans() | st.none() | st.lists(st.integers(0, 9), max_size=2)
+                  | st.sampled_from(["reserve", "optimistic", "continuous", "serial", "fifo", "4"])
+                  | st.dictionaries(st.text(max_size=2), st.integers(0, 3), max_size=1) | hostile)
+
+
+@st.composite
+def api_arguments(draw: st.DrawFn) -> tuple[Any, Any]:
+    """(config, trace) for ``check_report``: the demo's with one setting or one trace field replaced (or added),
+    or a hostile value whole."""
+    config: Any = dict(CONFIG)
+    trace: Any = [dict(line) for line in TRACE]
+    which = draw(st.integers(0, 9))
+    if which < 6:
+        key = draw(st.sampled_from([*CONFIG, "admission", "tick", "capacity "]))
+        config[key] = draw(SETTING_VALUES)
+    elif which < 9:
+        line = draw(st.sampled_from(trace))
+        line[draw(st.sampled_from([*line, "extra"]))] = draw(SETTING_VALUES)
+    else:
+        config, trace = draw(st.sampled_from([(hostile, trace), (config, hostile)]).flatmap(
+            lambda pair: st.tuples(*(p if isinstance(p, st.SearchStrategy) else st.just(p) for p in pair))))
+    return config, trace
+
+
+def _valid_input(config: Any, trace: Any) -> bool:
+    """Whether ``cbatch check`` would take ``config`` and ``trace``: plain data, valid settings, a valid trace."""
+    try:
+        settings_ = plain(config)
+        return isinstance(settings_, dict) and validate_config(settings_) is not None and \
+            validate_trace(plain(trace)) is not None
+    except ValueError:
+        return False
+
+
+def test_check_report_refuses_a_bad_config_or_trace_with_a_value_error(request: pytest.FixtureRequest) -> None:
+    """Whatever its caller passes, check_report judges a valid config and trace and refuses any other with a
+    ValueError naming the place (as cbatch check refuses its input): never an internal exception, never a
+    verdict on settings no workload could ask for."""
+    from pytest_cbatch.contract import check_report
+
+    seen = {True: 0, False: 0}
+
+    @brief(request, 60)
+    @given(api_arguments())
+    def check(arguments: tuple[Any, Any]) -> None:
+        config, trace = arguments
+        valid = _valid_input(config, trace)
+        seen[valid] += 1
+        try:
+            found = check_report(REPORT, trace, config)
+        except ValueError as exc:
+            assert not valid, exc
+            assert str(exc).startswith(("config", "trace")), exc
+            return
+        assert valid, (config, trace)
+        assert all(v.clause for v in found), found
+
+    check()
+    assert seen[True] and seen[False], seen   # both kinds were tried
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -8,6 +8,7 @@ needs ray (pip install 'pytest-cbatch[ray]') and root, and runs with --run-slow 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from class_grading import MIX, make_class, verdicts, write_rubric
+from class_grading import MIX, SMALL_RUBRIC, make_class, verdicts, write_rubric
 from ray_cluster import namespace_problem, run_on_cluster
 
 import pytest_cbatch.reference as reference
@@ -153,6 +154,11 @@ def test_ray_is_imported_only_when_asked_for() -> None:
 # ------------------------------------------------------------------ a real cluster
 
 
+# The class rubric with the numeric checks on: their figures (KL, bitwise share, worst request) are the part of a
+# results.json that once changed with a worker's torch thread count.
+RAY_RUBRIC = SMALL_RUBRIC.replace('numerics = "off"', 'numerics = "auto"') + '"numerics.*" = { points = 1 }\n'
+
+
 @pytest.fixture(scope="module")
 def on_three_ways(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """make_class's whole mix, a submission that is a link and a folder holding one, graded on one machine, in
@@ -168,7 +174,7 @@ def on_three_ways(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     (root / "subs" / "linked.py").symlink_to(root / "subs" / "s002_file_correct.py")  # refused, never read
     shutil.copytree(root / "subs" / "s000_correct", root / "subs" / "with_a_link")
     (root / "subs" / "with_a_link" / "notes.txt").symlink_to("/etc/hostname")  # left out of the copy, and said so
-    rubric = write_rubric(root)
+    rubric = write_rubric(root, RAY_RUBRIC)
     common = [str(root / "subs"), "--rubric", str(rubric)]
     assert grade_main([*common, "--out", str(root / "one"), "--jobs", "2", "--quiet"]) == 0
     for i in (1, 2, 3):
@@ -188,6 +194,30 @@ def test_one_machine_ray_and_merged_shards_give_the_same_verdicts(on_three_ways)
     assert verdicts(root / "ray") == one
     assert (root / "ray" / "grading.json").read_text() == (root / "one" / "grading.json").read_text()
     assert "on the Ray cluster at 127.0.0.1:" in ray.stderr
+
+
+def _results_text(out: Path, name: str) -> str:
+    """A submission's results.json as written, its one timing field (execution_time) cut out."""
+    text = (out / name / "results.json").read_text(encoding="utf-8")
+    cut, found = re.subn(r'"execution_time": [-+0-9.eE]+,?\s*', "", text)
+    assert found == 1, text[:300]
+    return cut
+
+
+def test_one_machine_ray_and_merged_shards_write_byte_identical_results(on_three_ways) -> None:
+    """Whole files, the numeric checks' figures included (one machine's graders and Ray's workers run torch on
+    other thread counts), timings aside."""
+    root, ray = on_three_ways
+    assert ray.returncode == 0, ray.stdout[-3000:] + ray.stderr[-3000:]
+    names = sorted(p.parent.name for p in (root / "one").glob("*/results.json"))
+    assert len(names) == len(list((root / "subs").iterdir()))
+    with_numerics = [n for n in names if '"numerics.' in _results_text(root / "one", n)]
+    if importlib.util.find_spec("torch") is not None:
+        assert with_numerics, "no results.json holds a numeric check: the comparison would prove nothing about them"
+    for name in names:
+        here = _results_text(root / "one", name)
+        assert _results_text(root / "ray", name) == here, name
+        assert _results_text(root / "merged", name) == here, name
 
 
 def test_a_worker_killed_mid_run_loses_no_submission_and_reports_none_twice(on_three_ways) -> None:

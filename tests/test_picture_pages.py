@@ -141,7 +141,7 @@ def test_every_kind_of_failure_leaves_a_page(pages: dict[str, Path]) -> None:
 def test_gradescope_shows_a_failing_test_as_html_and_a_passing_one_as_text(pages: dict[str, Path]) -> None:
     doc = json.loads(pages["results"].read_text(encoding="utf-8"))
     failing = next(t for t in doc["tests"] if t["name"] == "contract.budget_respected")
-    assert failing["output_format"] == "html" and "<svg" in failing["output"] and "<pre>" in failing["output"]
+    assert failing["output_format"] == "html" and "<svg" in failing["output"] and "<pre " in failing["output"]
     assert "unused_budget" in failing["output"]
     passing = [t for t in doc["tests"] if t["status"] == "passed"]
     assert passing and all("output_format" not in t for t in passing)

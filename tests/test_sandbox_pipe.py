@@ -181,8 +181,10 @@ def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
 
     judge = Watched(resolve_impl("reference"))
     rubric = load_rubric(None)
-    evaluate._contract_tests({"visible": judge, "hidden": judge}, evaluate.contract_clauses(rubric), plan,
-                             "reference", tmp_path, [])
+    contract = evaluate._Contract({"visible": judge, "hidden": judge}, evaluate.contract_clauses(rubric), plan,
+                                  "reference", tmp_path)
+    contract.visible()
+    contract.finish()
     assert len(plan.cases) > 2 and held and max(held) <= 1, max(held)
 
 

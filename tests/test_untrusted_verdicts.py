@@ -369,7 +369,9 @@ def test_every_place_counts_the_same_clauses(pytester: pytest.Pytester, capsys: 
     assert cli.main(["clauses"]) == 0
     lines = capsys.readouterr().out.splitlines()
     opt_in = len(OPT_IN_CLAUSES)
-    assert lines[0].startswith(f"# the contract's {total} clauses:") and len(lines) == 1 + total + opt_in
+    rows = [line for line in lines[1:] if not line.startswith(" ")]  # a clause's own lines are indented under it
+    assert lines[0].startswith(f"# {total + opt_in} clauses: the contract's {total} (") and \
+        len(rows) == total + opt_in
     assert cli.main(["check", "--impl", "reference"]) == 0
     out = capsys.readouterr().out
     assert f"OK: all {total - 1} clauses judged (of the contract's {total} clauses) hold" in out

@@ -32,7 +32,7 @@ from .core import (
 
 __all__ = [
     "CLAIMS", "CLAUSES", "RUNNER_CLAUSES", "Clause", "Violation", "ReportIndex",
-    "check_report", "claim_violations", "clause_ids", "opt_in_ids", "out_of_scope", "required_blocks",
+    "asked_settings", "check_report", "claim_violations", "clause_ids", "opt_in_ids", "out_of_scope", "required_blocks",
     "schema_kinds", "unobservable", "clause",
 ]
 
@@ -142,12 +142,20 @@ def check_report(
     Clauses the report cannot observe (see ``unobservable``) and clauses whose
     scope leaves this config out (see ``out_of_scope``) are not checked.
 
+    ``config`` holds the settings the run asked for; those it leaves out are the reference's defaults
+    (``DEFAULT_CONFIG``), and every clause judges these, never the report's own config (which
+    ``config_recorded`` compares with them).  ``config`` and ``trace`` are checked as ``cbatch check``
+    checks its input (``validate_config``, ``validate_trace``): a ValueError names the first bad setting
+    or trace line and its value.
+
     ``honoured`` names the claims (see ``CLAIMS``) the implementation's kind may make; the default,
     none, is the strict case: a claim is then a ``schema_valid`` violation (``claim_violations``,
     naming ``claimant``) and every clause is still judged, as if the report did not make it.
     """
+    from ..reference.scheduler_sim import validate_trace
     from ..schemas import schema_issues
 
+    config, trace = asked_settings(config), validate_trace(_plain("trace", trace))
     claims = claim_violations(report, honoured, claimant)
     strict = report
     if any(v.message.startswith("/time_unit") for v in claims):  # validated as the tick report it must then be
@@ -175,6 +183,29 @@ def check_report(
         # Freed while the collector is paused: resumed with the index alive, its first pass would walk all of it.
         del index
         return out
+
+
+def asked_settings(config: Any) -> dict[str, Any]:
+    """``config``, the settings a run was asked for, over the reference's defaults for those it leaves out.
+
+    Raises ValueError naming the setting and its value when ``config`` is not one ``cbatch check`` and the
+    workloads accept (``validate_config``: an unknown key, a value of the wrong type or range)."""
+    from ..reference.scheduler_sim import DEFAULT_CONFIG, validate_config
+
+    config = _plain("config", config)
+    if not isinstance(config, dict):
+        raise ValueError(f"config: expected a mapping of settings, got {type(config).__name__}")
+    return {**DEFAULT_CONFIG, **validate_config(config)}
+
+
+def _plain(what: str, value: Any) -> Any:
+    """A plain copy of ``value`` (see ``plain``): ValueError naming ``what`` and the place where it is not."""
+    from ..plain import NotPlain, plain
+
+    try:
+        return plain(value)
+    except NotPlain as exc:
+        raise ValueError(f"{what}{exc.path}: {exc.problem}") from None
 
 
 @contextmanager

@@ -174,6 +174,8 @@ class ReportIndex:
     those of one kind.  ``replaying`` names the ``at=`` clauses the shared
     replay serves (None: every one).  Nothing here judges the report; the
     clauses do, most of them from these lists without walking the events again.
+    ``config`` (kept as ``cfg``) is every setting the run asked for, defaults included (``check_report``
+    fills them in).
     """
 
     def __init__(self, report: Mapping[str, Any], trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any],
@@ -181,17 +183,18 @@ class ReportIndex:
         self.report = report
         self.trace = trace
         self.events: list[dict[str, Any]] = report["events"]
-        self.asked = dict(config)
-        # The settings asked for win over the report's: config_recorded judges the report's own, and a report
-        # that records another capacity (say) must not have its pages judged against that one.
-        self.cfg: dict[str, Any] = {**report["config"], **config}
+        # Every clause judges the settings the run asked for, which the scheduler had to obey, never the report's
+        # own config: config_recorded compares that one with these, and a report recording another capacity (say)
+        # must not have its pages judged against it.
+        self.cfg: dict[str, Any] = dict(config)
         self.bs: int = self.cfg.get("block_size", 1)   # a client-side report may not know the pool
         self.capacity: int = self.cfg.get("capacity", 0)
         self.honoured = frozenset(honoured)   # the report claims its kind may make: see contract.CLAIMS
         observed = report.get("observed") if "observed" in honoured else None
         self.observed: frozenset[str] | None = None if observed is None else frozenset(observed)
         self.seconds = "time_unit" in honoured and report.get("time_unit") == "seconds"
-        tick = self.cfg.get("tick_seconds", 1.0) if self.seconds else 1
+        # A client-side replay's seconds per tick: the kit's client writes it, and only an honoured claim reads it.
+        tick = report["config"].get("tick_seconds", 1.0) if self.seconds else 1
         self.tick: float = tick
         self.slack: float = replay_slack(tick) if self.seconds else 0
         self.replaying: Collection[str] | None = None

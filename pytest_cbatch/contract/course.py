@@ -147,7 +147,7 @@ def course_scope(asked: Mapping[str, Any]) -> str | None:
         opt_in="--cbatch-course (pytest), cbatch check --course, [grading] course = true (rubric)",
         scope=course_scope)
 def _course_results(ix: ReportIndex) -> Iterator[Violation]:
-    config = course_config(ix.asked)
+    config = course_config(ix.cfg)
     expected = _published().simulate(ix.trace, **config)
     found = list(_differences(ix, config, expected))
     if found:   # where the schedules part says which rule was missed; it decides nothing by itself

@@ -18,20 +18,25 @@ _MISSING = object()
 
 
 @clause("config_recorded",
-        "The report's config records every setting the run asked for, with the same value (admission may be left "
-        "out when it is reserve, the default, as the course's simulator does).",
-        "A result without its exact configuration cannot be compared or replayed.",
+        "The report's own config records every setting the run asked for, admission included, with the same "
+        "value (admission may be left out when the run asked for reserve, the default, as the course's simulator "
+        "does).",
+        "A result without its exact configuration cannot be compared or replayed, and a scheduler that ran other "
+        "settings than it was asked for must not pass as having obeyed them.",
         admits="admission left out when it is reserve; extra settings of the engine's own",
         reads=("config",),
         compares={
-            "config": "records every setting the run asked for, with the same value",
+            "config": "records every setting the run asked for, admission included, with the same value",
         })
 def _config_recorded(ix: ReportIndex) -> Iterator[Violation]:
-    for key, value in ix.asked.items():
-        if key == "admission" and value == "reserve" and key not in ix.cfg:
+    recorded = ix.report["config"]
+    for key, value in {**ix.cfg, "admission": ix.cfg.get("admission", "reserve")}.items():
+        got = recorded.get(key, _MISSING)
+        if got is _MISSING and key == "admission" and value == "reserve":
             continue
-        if ix.cfg.get(key, _MISSING) != value:
-            yield ix.violation("config_recorded", f"config.{key}: expected {value!r}, got {ix.cfg.get(key, 'nothing')!r}")
+        if got is _MISSING or type(got) is not type(value) or got != value:
+            yield ix.violation("config_recorded", f"config.{key}: the run asked for {value!r}, the report records "
+                                                  f"{'nothing' if got is _MISSING else repr(got)}")
 
 
 @clause("arrival_matches_trace",

@@ -68,21 +68,28 @@ def sweep(seconds: float = 10.0) -> int:
     Passes repeat until none is left (a process forking as it dies is found on the next pass), for at most
     ``seconds``; RuntimeError when processes remain after that, so no result is written beside them.
     """
-    killed, deadline = 0, time.monotonic() + seconds
+    killed: set[int] = set()
+    deadline = time.monotonic() + seconds
     while True:
         _reap()
         alive = descendants()
         if not alive:
-            return killed
+            break
         if time.monotonic() > deadline:
             raise RuntimeError(f"{len(alive)} processes of the submission could not be killed: {alive[:8]}")
         for pid in alive:
             try:
                 os.kill(pid, signal.SIGKILL)
-                killed += 1
+                killed.add(pid)
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
+    for pid in killed:  # dead now, each a zombie of ours until reaped: never left to an init that may not reap
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass  # reaped above, or another process's child (its parent reaps it)
+    return len(killed)
 
 
 def _reap() -> None:
