@@ -2,10 +2,12 @@
 
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
-passes on every workload it ran on and every workload the submission did not
-declare unsupported was one it ran on: a workload where the submission failed
-``completes`` or ``schema_valid``, or whose report hid what the clause needs,
-counts as not passed), one per lifecycle clause and one per
+passes on every workload it ran on and every workload was one it ran on, but
+those outside the clause's scope and those it declined as unsupported that the
+rubric's ``[grading] optional`` names a setting of: a workload where the
+submission failed ``completes`` or ``schema_valid``, whose report hid what the
+clause needs, that was never run, or that it declined otherwise counts as not
+passed; summary.csv's flags name every setting it declined), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
 same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
@@ -19,6 +21,7 @@ beside results.json, for the instructor.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ from typing import Any
 from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
+from ..support import matching
 from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
 from .plan import Case, Plan
 from .results import SubmissionResult, TestResult
@@ -51,10 +55,18 @@ class Submission:
 
 @dataclass
 class _Tally:
+    """What one clause saw on the workloads of a plan; every workload lands in exactly one count, so ``ran``
+    plus the others is ``sum(kinds.values())``."""
+
+    kinds: Counter[str] = field(default_factory=Counter)   # every workload the clause was asked on, by kind
     ran: int = 0
-    skipped: list[str] = field(default_factory=list)   # a declared capability the workload needs
+    skipped: list[str] = field(default_factory=list)   # outside the clause's scope for the workload's settings
+    optional: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # declined, optional in the rubric
+    declined: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # declined otherwise: not passed
+    not_run: list[tuple[Case, ClauseResult]] = field(default_factory=list)    # never run (a limit): not passed
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
-    hidden_ran: int = 0  # hidden workloads the rubric hides from students: counted apart, never shown
+    withheld: int = 0    # hidden workloads the rubric hides from students: counted apart, never shown
+    hidden_ran: int = 0  # of those, the ones the clause was judged on or counts against
     hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # failed or not judged there
     # Not judged because the submission failed there (no report, an unreadable one) or its report hid what
     # the clause needs: never a pass.
@@ -106,7 +118,7 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         return _kit_used(submission.name, rubric, notes, start, guard, flags)
     flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
     if flags:
-        result.extra["flags"] = flags
+        result.extra["flags"] = flags + result.extra.get("flags", [])
     return result
 
 
@@ -184,20 +196,23 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
     hidden_log: list[str] = []
     tests: list[TestResult] = []
+    declines: list[str] = []
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
         tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
                   for c in contract_clauses(rubric)]
     elif "scheduler" in rubric.parts:
         judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
-        tests += _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log)
+        contract, declines = _contract_tests(judges, contract_clauses(rubric), plan, replay_spec, out_dir, hidden_log,
+                                             rubric.optional)
+        tests += contract
     if "lifecycle" in rubric.parts:
         tests += _lifecycle_tests(impl, rubric, notes)
     if "numerics" in rubric.parts:
         tests += _numeric_tests(impl, rubric, notes)
     if hidden_log:
         (out_dir / "hidden-failures.txt").write_text("\n\n".join(hidden_log) + "\n", encoding="utf-8")
-    return _finish(name, rubric, tests, notes, start)
+    return _finish(name, rubric, tests, notes, start, flags=declines)
 
 
 def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
@@ -258,52 +273,63 @@ def unjudged(rubric: Rubric, reason: str) -> list[TestResult]:
 
 
 def _contract_tests(judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str, out_dir: Path,
-                    hidden_log: list[str]) -> list[TestResult]:
-    """One test per clause.  ``judges``: ``visible`` judges every case but the hidden ones, ``hidden`` those."""
+                    hidden_log: list[str], optional: tuple[str, ...] = ()) -> tuple[list[TestResult], list[str]]:
+    """One test per clause, and the flags of what the submission declined (summary.csv).  ``judges``:
+    ``visible`` judges every case but the hidden ones, ``hidden`` those; ``optional``: the rubric's settings
+    whose workloads may be declined."""
     tallies = {cid: _Tally() for cid in clauses}
+    declines: dict[str, set[str]] = {}   # the settings of a decline -> the workloads declined for them
     for case in plan.cases:
         judge = judges["hidden" if case.kind == "hidden" else "visible"]
         withheld = case.kind == "hidden" and not plan.hidden_visible
         for cid in clauses:
             if cid == "invalid_input_refused" or (cid == "deterministic" and case.kind == "generated"):
                 continue
-            _count(tallies[cid], case, judge.judge(cid, list(case.trace), case.config), withheld)
+            result = judge.judge(cid, list(case.trace), case.config)
+            _count(tallies[cid], case, result, optional, withheld)
+            if result.declined:
+                declines.setdefault(", ".join(result.declined), set()).add(case.label)
         judge.forget()  # a report lives while its workload is judged, not for the rest of the part
     for case in plan.invalid:
-        _count(tallies["invalid_input_refused"], case, judges["visible"].judge_refusal(list(case.trace), case.config))
-    return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses]
+        result = judges["visible"].judge_refusal(list(case.trace), case.config)
+        _count(tallies["invalid_input_refused"], case, result, optional)
+        if result.declined:
+            declines.setdefault(", ".join(result.declined), set()).add(case.label)
+    flags = [f"declined: {setting} ({len(labels)} workload{'s' if len(labels) != 1 else ''})"
+             for setting, labels in sorted(declines.items())]
+    return [_clause_test(judges, cid, tallies[cid], plan, spec, out_dir, hidden_log) for cid in clauses], flags
 
 
-def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
+def _count(tally: _Tally, case: Case, result: ClauseResult, optional: tuple[str, ...], withheld: bool = False) -> None:
     """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it.
 
-    A skip the submission caused (it failed ``completes`` or ``schema_valid`` there, or its report hid what the
-    clause needs) is never a pass: ``blocked``, or a hidden failure."""
-    blocked = result.status == "skip" and bool(result.blocked_by or result.unobservable)
-    if result.status == "skip" and not blocked:
-        if not withheld:
-            tally.skipped.append(result.reason)
-        return
+    A skip the submission caused is never a pass: it failed ``completes`` or ``schema_valid`` there, or its
+    report hid what the clause needs (``blocked``), the workload was never run (``not_run``), or it declined
+    the workload as unsupported and the rubric does not make one of its settings optional (``declined``)."""
+    tally.kinds[case.kind] += 1
+    excused = bool(result.declined) and bool(matching(case.config, optional))
     if withheld:
+        tally.withheld += 1
+        if result.status == "skip" and (excused or not (result.declined or result.blocked_by or result.unobservable
+                                                         or result.not_run)):
+            return
         tally.hidden_ran += 1
-        if blocked or result.status == "fail":
+        if result.status != "pass":
             tally.hidden_failed.append((case, result))
         return
-    if blocked:
-        tally.blocked.append((case, replace(result, report=None)))
-        return
-    if result.status == "skip":
-        if not withheld:
-            tally.skipped.append(result.reason)
-        return
-    if withheld:
-        tally.hidden_ran += 1
-        if result.status == "fail":
-            tally.hidden_failed.append((case, result))
-        return
-    tally.ran += 1
-    if result.status == "fail":  # the report stays only where the failure will be explained (see _clause_test)
-        tally.failed.append((case, replace(result, report=None) if tally.failed else result))
+    kept = replace(result, report=None)
+    if result.not_run:
+        tally.not_run.append((case, kept))
+    elif result.declined:
+        (tally.optional if excused else tally.declined).append((case, kept))
+    elif result.status == "skip" and (result.blocked_by or result.unobservable):
+        tally.blocked.append((case, kept))
+    elif result.status == "skip":
+        tally.skipped.append(result.reason)
+    else:
+        tally.ran += 1
+        if result.status == "fail":  # the report stays only where the failure will be explained (_clause_test)
+            tally.failed.append((case, kept if tally.failed else result))
 
 
 def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
@@ -312,23 +338,33 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
     hides them, is only whether any failed it: never which, how many, their skips or their messages."""
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran and not tally.blocked and not tally.hidden_ran:
-        reason = tally.skipped[0] if tally.skipped else "no workload applies"
+    against = tally.blocked or tally.declined or tally.not_run
+    if not tally.ran and not against and not tally.hidden_ran:
+        reason = (tally.skipped[0] if tally.skipped else tally.optional[0][1].reason if tally.optional
+                  else "no workload applies")
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     for case, result in tally.hidden_failed:
         hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)[0]
                           if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
-    kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
-    withheld = plan.counts()["hidden"] if not plan.hidden_visible and cid != "invalid_input_refused" else 0
-    if not tally.failed and not tally.blocked and not tally.hidden_failed:
+    kinds = _kinds(tally)
+    if not tally.failed and not against and not tally.hidden_failed:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
-                          + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
+                          + (f"; none of the {tally.withheld} hidden workloads failed it" if tally.withheld else "")
+                          + _optional_line(tally), tags=tags)
     lines = [_blocked_line(cid, tally, plan)] if tally.blocked else []
+    lines += [_declined_line(cid, tally.declined, plan, "declined as unsupported",
+                             "only the rubric's [grading] optional makes a setting optional; support is declared "
+                             "as settings, the same for every trace")] if tally.declined else []
+    lines += [_declined_line(cid, tally.not_run, plan, "never run", tally.not_run[0][1].violations[0].message
+                             if tally.not_run[0][1].violations else tally.not_run[0][1].reason)] \
+        if tally.not_run else []
     if tally.failed:
         lines.append(f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
                      + _labels(tally.failed, 0))
     elif tally.ran:
-        lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
+        lines.append(f"passed on the {tally.ran} workloads it ran on ({kinds})")
+    else:
+        lines.append(f"ran on no workload ({kinds})")
     if tally.hidden_failed:
         lines.append("it also failed on hidden workloads (which and how many is withheld)")
     picture = None
@@ -337,7 +373,24 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
         text, picture = _explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid,
                                  *tally.failed[0], spec, out_dir)
         lines.append(text)
-    return TestResult(name, False, "\n".join(lines), tags=tags, picture=picture)
+    return TestResult(name, False, "\n".join(lines) + _optional_line(tally), tags=tags, picture=picture)
+
+
+def _declined_line(cid: str, cases: list[tuple[Case, ClauseResult]], plan: Plan, what: str, why: str) -> str:
+    """Why workloads the clause never saw, declined or not run, count against it."""
+    settings = sorted({s for _, r in cases for s in r.declined})
+    shown = [(c, r) for c, r in cases if c.kind != "hidden" or plan.hidden_visible]
+    return (f"not passed: {cid} was not judged on {len(cases)} workload(s) {what}"
+            + (f" (settings {', '.join(settings)})" if settings else "")
+            + f": {_labels(shown, len(cases) - len(shown))}; they count as not passed ({why})")
+
+
+def _optional_line(tally: _Tally) -> str:
+    if not tally.optional:
+        return ""
+    settings = sorted({s for _, r in tally.optional for s in r.declined})
+    return (f"\n{len(tally.optional)} workload(s) declined as unsupported do not count: the rubric makes "
+            f"{', '.join(settings)} optional ([grading] optional): {_labels(tally.optional, 0)}")
 
 
 def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
@@ -363,16 +416,20 @@ def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
             + " (a workload the submission failed is not one its clauses passed)")
 
 
-def _kinds(tally: _Tally, plan: Plan) -> str:
-    counts = plan.counts()
-    parts = [f"{counts['fixed']} fixed", f"{counts['generated']} generated"]
-    if counts["hidden"]:
-        parts.append(f"{counts['hidden']} hidden")
-    if tally.skipped:
-        parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")
-    if tally.blocked:
-        parts.append(f"{len(tally.blocked)} not judged, counted as not passed")
-    return "of " + ", ".join(parts)
+def _kinds(tally: _Tally) -> str:
+    """The workloads the clause was asked on, by kind, and where those it did not run on went: the counts add
+    up to the total."""
+    order = ("fixed", "generated", "hidden", "invalid")
+    total = sum(tally.kinds.values())
+    kinds = ", ".join(f"{tally.kinds[k]} {k}" for k in order if tally.kinds[k])
+    others = [(len(tally.skipped), "outside the clause's scope"),
+              (len(tally.optional), "declined but optional in the rubric"),
+              (len(tally.declined), "declined and counted as not passed"),
+              (len(tally.blocked), "not judged and counted as not passed"),
+              (len(tally.not_run), "not run and counted as not passed"),
+              (tally.withheld, "hidden and judged apart")]
+    rest = ", ".join(f"{n} {what}" for n, what in others if n)
+    return f"of {total} workloads: {kinds}" + (f"; besides those it ran on: {rest}" if rest else "")
 
 
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,
