@@ -35,6 +35,7 @@ lifecycle_examples = 1
 numerics = "off"
 parts = ["scheduler", "lifecycle"]
 course = true
+optional = ["admission=optimistic"]
 {extra}
 [limits]
 call_seconds = 30
