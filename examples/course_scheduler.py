@@ -35,6 +35,9 @@ from __future__ import annotations
 
 from typing import Any
 
+CBATCH_UNSUPPORTED = ["admission=optimistic"]
+"""The settings it never supports, declared up front: the kit skips their workloads without a run."""
+
 _SETTINGS = {"capacity": 1, "block_size": 1, "token_budget": 1, "max_active": 1, "prefill_chunk": 1,
              "release_delay": 0}
 _LINE_KEYS = {"arrival": {"time", "event", "id", "prompt_tokens", "output_tokens"}, "cancel": {"time", "event", "id"}}

@@ -27,10 +27,14 @@ the SPEC builds it):
 * ``package.module`` — that module.
 
 A Python implementation is a callable ``simulate(trace, **config) -> report``,
-or a module or object with a ``simulate`` attribute.  Its capabilities come
-from its signature: a config key it does not accept (and no ``**kwargs``)
-makes workloads that need it skip with the reason.  Raising
-``NotImplementedError`` also means "not supported".  Every call runs under
+or a module or object with a ``simulate`` attribute.  Support is a property of
+settings, never of a trace (``support``): a config key its signature does not
+accept (and no ``**kwargs``), or a setting its ``CBATCH_UNSUPPORTED`` names,
+makes the workloads that need it skip with the reason, unrun.  A workload it
+declines all the same (``NotImplementedError``; exit 3 over ``exec:``) is
+settled by one probe per distinct config (``Implementation.run``): declined
+there too, the settings are unsupported; run there, the workload fails
+``completes``.  Every call runs under
 ``bounded.call`` (a time and a memory limit, ``Bounds``); a call stopped
 there, or an ``exec:`` command past its time limit, is a ``Stopped`` outcome.
 A module may declare its own limits for those the user left at their default,
@@ -43,7 +47,7 @@ from __future__ import annotations
 import copy
 import inspect
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import entry_points
 from typing import Any, Callable, Mapping, Sequence
 
@@ -51,11 +55,12 @@ from . import bounded
 from .bounded import Bounds
 from .breaker import Breaker
 from .plain import NotPlain, describe, exception_text, plain
+from .support import PROBE_TRACE, distinct_settings, matching, parse_settings, settings_key
 
 __all__ = [
     "ENTRY_POINT_GROUP", "KIND_GROUP", "Implementation", "ImplementationError", "Kind", "PythonImplementation",
-    "Refused", "SpecRequest", "Unsupported", "BrokenOutput", "RunOutcome", "Stopped", "available_impls",
-    "available_kinds", "resolve_impl",
+    "NotRun", "Refused", "SpecRequest", "Unsupported", "BrokenOutput", "RunOutcome", "Stopped", "available_impls",
+    "available_kinds", "declared_unsupported", "resolve_impl",
 ]
 
 ENTRY_POINT_GROUP = "pytest_cbatch.impls"
@@ -85,7 +90,13 @@ class Stopped(Exception):
 
 
 class Unsupported(Exception):
-    """The implementation does not support a setting the workload needs."""
+    """The implementation declined the workload as not supported (NotImplementedError, exit 3); whether the
+    settings are unsupported is the kit's to find out (``Implementation.run``)."""
+
+
+class NotRun(Exception):
+    """The call was never made: a limit on all of an implementation's calls was used up (the message says
+    which)."""
 
 
 class BrokenOutput(Exception):
@@ -98,7 +109,10 @@ class RunOutcome:
 
     report: dict[str, Any] | None
     refused: str | None = None
-    unsupported: str | None = None
+    unsupported: str | None = None  # its settings are unsupported: the workload is skipped, saying why
+    declined: tuple[str, ...] = ()  # with ``unsupported``: the settings it names ("admission=optimistic")
+    dodged: str | None = None      # it declined the workload, yet the kit's probe with the same settings ran
+    not_run: str | None = None     # the call was never made (a limit on all the calls was used up)
     broken: str | None = None      # exited 0 / returned, but with no JSON document
     mutated: str | None = None     # what the implementation changed in its input, if anything
     seconds: float = 0.0
@@ -117,39 +131,50 @@ class Implementation:
     # The report claims (contract.CLAIMS) this kind may make: none, unless the kind is a live server or the
     # resolver trusts it (an engine adapter registered as an entry point); the report itself never decides.
     claims: frozenset[str] = frozenset()
-    breaker: Breaker | None = None  # when set, calls fail at once after a run of calls stopped at the time limit
+    breaker: Breaker | None = None  # when set, calls run at a short limit after a run of calls stopped at the limit
+    unsupported: tuple[str, ...] = ()  # settings it declares it does not support (``support``)
+    _probes: dict[str, str | None] | None = None  # settings_key -> the probe's decline message (None: it ran)
 
     def replay(self) -> str:
         """The SPEC a replay command should name, valid from any directory."""
         return self.replay_spec or self.spec
 
     def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
-        """Why ``config`` cannot run here (a missing capability), or None."""
+        """Why ``config`` cannot run here (a missing capability, a declared setting), or None."""
+        declared = matching(config, self.unsupported)
+        if declared:
+            return f"{self.spec} declares it does not support {', '.join(declared)}"
         return None
 
+    def declined_settings(self, config: Mapping[str, Any]) -> tuple[str, ...]:
+        """The settings an unsupported ``config`` is skipped for: the declared ones it asks, else those that set
+        it apart from the base settings."""
+        return tuple(matching(config, self.unsupported) or _distinct(config) or ["the base settings"])
+
     def run(self, trace: Sequence[Mapping[str, Any]], config: Mapping[str, Any]) -> RunOutcome:
-        """Run on deep copies of ``trace`` and ``config`` and report any mutation."""
+        """Run on deep copies of ``trace`` and ``config`` and report any mutation.
+
+        A workload the implementation declines (``Unsupported``) without having declared its settings is
+        settled by the kit's probe with the same settings (``_probe``, once per distinct config): the outcome
+        is ``unsupported`` when the probe is declined too, else ``dodged`` (it fails ``completes``).
+        """
         reason = self.unsupported_reason(config)
         if reason:
-            return RunOutcome(None, unsupported=reason)
-        if self.breaker is not None and self.breaker.tripped:
-            return RunOutcome(None, stopped=self.breaker.tripped)
+            return RunOutcome(None, unsupported=reason, declined=self.declined_settings(config))
         given_trace, given_config = copy.deepcopy(list(trace)), copy.deepcopy(dict(config))
         start = time.perf_counter()
         try:
-            report = self._call(given_trace, given_config)
+            report = self._timed_call(given_trace, given_config)
+        except NotRun as exc:
+            return RunOutcome(None, not_run=str(exc))
         except Unsupported as exc:
-            return RunOutcome(None, unsupported=str(exc))
+            return self._declined(str(exc), config, time.perf_counter() - start)
         except Refused as exc:
-            self._note(timed_out=False)
             return RunOutcome(None, refused=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except Stopped as exc:
-            self._note(timed_out=exc.reason == "time")
             return RunOutcome(None, stopped=str(exc), seconds=time.perf_counter() - start, stack=exc.stack)
         except BrokenOutput as exc:
-            self._note(timed_out=False)
             return RunOutcome(None, broken=str(exc), seconds=time.perf_counter() - start)
-        self._note(timed_out=False)
         seconds = time.perf_counter() - start
         if report is None:
             return RunOutcome(None, broken="it returned None, not a report", seconds=seconds)
@@ -159,9 +184,63 @@ class Implementation:
             return RunOutcome(None, broken=f"what it returned is not plain JSON data: {exc}", seconds=seconds)
         return RunOutcome(report, mutated=_mutation(given_trace, trace, given_config, config), seconds=seconds)
 
+    def _timed_call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> Any:
+        """``_call``, its outcome noted by the breaker (a stop for time, or not)."""
+        try:
+            report = self._call(trace, config)
+        except Stopped as exc:
+            self._note(timed_out=exc.reason == "time")
+            raise
+        except (Refused, BrokenOutput, Unsupported):
+            self._note(timed_out=False)
+            raise
+        self._note(timed_out=False)
+        return report
+
+    def _declined(self, message: str, config: Mapping[str, Any], seconds: float) -> RunOutcome:
+        """The outcome of a workload declined as unsupported: settled by the probe with its settings."""
+        try:
+            probe = self._probe(config)
+        except NotRun as exc:
+            return RunOutcome(None, not_run=f"{exc} (it declined this workload, and the kit's probe of its "
+                                            f"settings could not be run)")
+        settings = ", ".join(_distinct(config)) or "the base settings"
+        if probe is None:
+            return RunOutcome(None, dodged=(
+                f"it declined a workload whose settings it supports: {message}; the kit's probe with the same "
+                f"settings ({settings}) was not declined, so the decline was of this trace, not of a setting "
+                f"(support is declared as settings: CBATCH_UNSUPPORTED, or cbatch.toml's unsupported)"),
+                seconds=seconds)
+        return RunOutcome(None, unsupported=(f"{message} (settings {settings}: the kit's probe with the same "
+                                             f"settings was declined as well)"),
+                          declined=self.declined_settings(config), seconds=seconds)
+
+    def _probe(self, config: Mapping[str, Any]) -> str | None:
+        """The kit's probe with ``config``: its decline message, or None when it was not declined (whatever
+        else it did: a crash or a hang on a valid trace is no decline).  Run once per distinct config; NotRun
+        when the call could not be made."""
+        if self._probes is None:
+            self._probes = {}
+        cache, key = self._probes, settings_key(config)
+        if key not in cache:
+            try:
+                self._timed_call([dict(line) for line in PROBE_TRACE], copy.deepcopy(dict(config)))
+                cache[key] = None
+            except Unsupported as exc:
+                cache[key] = str(exc)
+            except (Refused, Stopped, BrokenOutput):
+                cache[key] = None
+        return cache[key]
+
     def _note(self, timed_out: bool) -> None:
         if self.breaker is not None:
             self.breaker.note(timed_out)
+
+    def _time_limit(self, full: float) -> tuple[float, str]:
+        """The next call's time limit (``full``, or the breaker's short one) and why it is short ("")."""
+        if self.breaker is None:
+            return full, ""
+        return self.breaker.seconds(full), self.breaker.why_short(full)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         raise NotImplementedError
@@ -188,23 +267,28 @@ class PythonImplementation(Implementation):
             fn = None  # lifecycle parts only: the scheduler clauses do not apply
         self.fn: Callable[..., Any] | None = fn
         self.accepted, self.open_kwargs = _accepted_keywords(fn) if fn else (set(), False)
+        self.unsupported = declared_unsupported(fn, target, source)
 
     def unsupported_reason(self, config: Mapping[str, Any]) -> str | None:
         if self.fn is None:
             return f"{self.spec} has no simulate(): it offers lifecycle parts only"
-        if self.open_kwargs:
-            return None
-        missing = sorted(set(config) - self.accepted)
+        missing = [] if self.open_kwargs else sorted(set(config) - self.accepted)
         if missing:
             return f"{self.spec} does not accept the setting(s) {', '.join(missing)} (capability missing)"
-        return None
+        return Implementation.unsupported_reason(self, config)
+
+    def declined_settings(self, config: Mapping[str, Any]) -> tuple[str, ...]:
+        missing = [] if self.open_kwargs else sorted(set(config) - self.accepted)
+        return tuple(missing) or Implementation.declined_settings(self, config)
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         assert self.fn is not None  # run() checks unsupported_reason first
+        seconds, why = self._time_limit(self.bounds.seconds if self.bounds else 0.0)
+        bounds = replace(self.bounds, seconds=seconds) if self.bounds is not None and why else self.bounds
         try:
-            report = bounded.call(self.fn, trace, bounds=self.bounds, **config)
+            report = bounded.call(self.fn, trace, bounds=bounds, **config)
         except bounded.CallStopped as exc:
-            raise Stopped(str(exc), exc.stack, exc.reason) from None
+            raise Stopped(str(exc) + (why if exc.reason == "time" else ""), exc.stack, exc.reason) from None
         except NotImplementedError as exc:
             raise Unsupported(f"{self.spec} raised {_crash(exc, self.bounds)[0]}") from None
         except Exception as exc:
@@ -213,6 +297,26 @@ class PythonImplementation(Implementation):
 
     def describe(self) -> str:
         return f"{self.spec} ({self.source}; {self.bounds.describe() if self.bounds else 'unbounded'})"
+
+
+def _distinct(config: Mapping[str, Any]) -> list[str]:
+    """The settings of ``config`` beyond the base ones (``support.distinct_settings``)."""
+    from .workloads import BASE_CONFIG  # here, not at the top: the sandbox child imports this module, not the reference
+
+    return distinct_settings(config, BASE_CONFIG)
+
+
+def declared_unsupported(fn: Any, target: Any, source: str) -> tuple[str, ...]:
+    """The settings ``CBATCH_UNSUPPORTED`` of ``fn`` (else of ``target``, its module or object) names
+    (``support.parse_settings``); ImplementationError, naming ``source``, when it is not such a list."""
+    for owner in (fn, target):
+        value = getattr(owner, "CBATCH_UNSUPPORTED", None) if owner is not None else None
+        if value is not None:
+            try:
+                return parse_settings(value, f"{source}: CBATCH_UNSUPPORTED")
+            except ValueError as exc:
+                raise ImplementationError(str(exc)) from None
+    return ()
 
 
 def _crash(exc: BaseException, bounds: Bounds | None) -> tuple[str, str]:

@@ -29,7 +29,8 @@ def add_options(parser: pytest.Parser) -> None:
                          "0 disables it (ini: cbatch_memory)")
     group.addoption("--cbatch-max-timeouts", type=int, default=None, metavar="N",
                     help="after N calls of the implementation in a row did not finish within the time limit, the "
-                         "rest fail at once, default 3; 0 never stops calling (ini: cbatch_max_timeouts)")
+                         "next calls run at a short limit (a tenth of it, 1 to 10 s) until one finishes, default 3; "
+                         "0 never shortens it (ini: cbatch_max_timeouts)")
     group.addoption("--cbatch-tick-seconds", type=float, default=None, metavar="SECONDS",
                     help="how long one trace tick lasts against an http:// live server, default 0.05 "
                          "(ini: cbatch_tick_seconds)")
@@ -64,8 +65,8 @@ def add_options(parser: pytest.Parser) -> None:
                   default=None)
     parser.addini("cbatch_memory", "MiB of memory growth per in-process call, 0: no limit (see --cbatch-memory)",
                   default=None)
-    parser.addini("cbatch_max_timeouts", "calls in a row stopped at the time limit before the rest fail at once, "
-                  "0: never (see --cbatch-max-timeouts)", default=None)
+    parser.addini("cbatch_max_timeouts", "calls in a row stopped at the time limit before the next run at a short "
+                  "limit, 0: never (see --cbatch-max-timeouts)", default=None)
     parser.addini("cbatch_tick_seconds", "seconds per trace tick against an http:// live server", default="0.05")
     parser.addini("cbatch_model", "the model an http:// live server is asked for (see --cbatch-model)", default=None)
     parser.addini("cbatch_artifacts", "directory for failing traces", default=".cbatch-failures")

@@ -51,6 +51,8 @@ class ClauseResult:
     blocked_by: str = ""
     stack: str = ""                  # the implementation's traceback (a crash) or its stack when it was stopped
     stopped: bool = False            # the run was stopped for a limit (time or memory): do not rerun it
+    declined: tuple[str, ...] = ()   # skipped as unsupported: the settings it names (support.setting_text)
+    not_run: bool = False            # the workload was never run (a limit on all the calls was used up)
 
 
 @dataclass
@@ -104,14 +106,19 @@ class Judge:
         run = self.run(trace, config)
         out = run.outcome
         if out.unsupported:
-            return ClauseResult(clause, "skip", reason=out.unsupported)
+            return ClauseResult(clause, "skip", reason=out.unsupported, declined=out.declined)
+        if out.not_run:
+            if clause != "completes":
+                return ClauseResult(clause, "skip", reason=NO_REPORT, blocked_by="completes", not_run=True)
+            return ClauseResult(clause, "fail", [Violation("completes", f"the workload was not run: {out.not_run}")],
+                                not_run=True)
         if out.report is None:
             if clause != "completes":
                 return ClauseResult(clause, "skip", reason=NO_REPORT, blocked_by="completes")
             if out.stopped:
                 return ClauseResult(clause, "fail", [Violation("completes", f"the run was stopped: it {out.stopped}")],
                                     stack=out.stack, stopped=True)
-            what = out.refused or out.broken or "no report"
+            what = out.dodged or out.refused or out.broken or "no report"
             return ClauseResult(clause, "fail", [Violation("completes", f"no report for a valid workload: {what}")],
                                 stack=out.stack)
         report = out.report
@@ -135,8 +142,8 @@ class Judge:
         if clause == "deterministic":
             again = self.impl.run(trace, config)
             if again.report is None:
-                what = f"was stopped: it {again.stopped}" if again.stopped else \
-                    f"gave no report: {again.refused or again.broken or again.unsupported}"
+                why = again.dodged or again.refused or again.broken or again.unsupported or again.not_run
+                what = f"was stopped: it {again.stopped}" if again.stopped else f"gave no report: {why}"
                 return ClauseResult(clause, "fail", [Violation(clause, f"the second run {what}")], report=report,
                                     stack=again.stack, stopped=bool(again.stopped))
             diff = first_difference(report, again.report)
@@ -157,10 +164,13 @@ class Judge:
         if out.stopped:
             return ClauseResult(cid, "fail", [Violation(cid, f"the run on invalid input was stopped: it {out.stopped} "
                                                              f"(expected a refusal)")], stack=out.stack, stopped=True)
-        if out.refused:
-            return ClauseResult(cid, "pass", reason=out.refused)
+        if out.not_run:
+            return ClauseResult(cid, "fail", [Violation(cid, f"the invalid input was not run: {out.not_run}")],
+                                not_run=True)
+        if out.refused or out.dodged:  # a decline of settings it supports raised on the input: a refusal
+            return ClauseResult(cid, "pass", reason=out.refused or out.dodged or "")
         if out.unsupported:
-            return ClauseResult(cid, "skip", reason=out.unsupported)
+            return ClauseResult(cid, "skip", reason=out.unsupported, declined=out.declined)
         if out.broken:  # a timeout, crash or garbage: say what happened, not that it "accepted" the input
             return ClauseResult(cid, "fail", [Violation(cid, f"invalid input not refused: {out.broken}")])
         return ClauseResult(cid, "fail", [Violation(cid, "invalid input accepted: the implementation returned a report")])

@@ -27,6 +27,7 @@ from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.reference.scheduler_sim import demo_trace, simulate, validate_config, validate_trace
 from pytest_cbatch.runner import ALL_CLAUSES, Judge
 from pytest_cbatch.sandbox import IsolatedImplementation, Limits, LoadSpec
+from pytest_cbatch.support import PROBE_TRACE
 from pytest_cbatch.workloads import BASE_CONFIG, INVALID_INPUTS, WORKLOADS, arrival
 
 JS_SCHEDULER = Path(__file__).resolve().parent / "exec_node" / "scheduler.js"
@@ -83,9 +84,12 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"runs": runs, "where": str(project)}
 
 
-def documents(recorded: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def documents(recorded: dict[str, Any], probes: bool = False) -> Iterator[dict[str, Any]]:
+    """What the suite's workloads sent; with ``probes``, what the kit's probes of declined settings sent."""
     for run in recorded["runs"].values():
-        yield json.loads(run["raw"])
+        doc = json.loads(run["raw"])
+        if (doc["trace"] == list(PROBE_TRACE)) == probes:
+            yield doc
 
 
 def is_valid(doc: dict[str, Any]) -> bool:
@@ -106,6 +110,11 @@ def test_every_workload_and_invalid_input_is_sent_once_as_the_suite_holds_it(rec
         assert doc in got, doc
 
 
+def test_a_program_that_declines_everything_is_probed_once_per_distinct_config(recorded: dict[str, Any]) -> None:
+    configs = [json.dumps(doc["config"], sort_keys=True) for doc in documents(recorded, probes=True)]
+    assert sorted(configs) == sorted({json.dumps(doc["config"], sort_keys=True) for doc in documents(recorded)})
+
+
 def test_stdin_is_one_ascii_object_of_trace_and_config_then_end_of_file(recorded: dict[str, Any]) -> None:
     for run in recorded["runs"].values():
         raw = run["raw"]
@@ -118,7 +127,7 @@ def test_a_request_id_outside_ascii_is_sent_as_an_escape(tmp_path: Path, monkeyp
     monkeypatch.setenv("CBATCH_PROBE_DIR", str(tmp_path))
     (tmp_path / "recorder.sh").write_text(RECORDER)
     resolve_impl(f"exec:sh {tmp_path / 'recorder.sh'}").run([arrival(0, "café", 1, 1)], dict(BASE_CONFIG))
-    (sent,) = tmp_path.glob("*.in")
+    (sent,) = [path for path in tmp_path.glob("*.in") if b'"probe"' not in path.read_bytes()]  # not the probe
     raw = sent.read_bytes()
     assert raw.isascii() and b'"caf\\u00e9"' in raw and json.loads(raw)["trace"][0]["id"] == "café"
 
@@ -156,6 +165,7 @@ def test_every_number_sent_is_a_plain_integer(recorded: dict[str, Any]) -> None:
 
 def test_booleans_and_invalid_values_arrive_only_in_the_invalid_input_cases(recorded: dict[str, Any]) -> None:
     invalid = [{"trace": trace, "config": {**BASE_CONFIG, **overrides}} for trace, overrides in INVALID_INPUTS.values()]
+    invalid += [{"trace": list(PROBE_TRACE), "config": doc["config"]} for doc in invalid]  # their settings' probes
     for run in recorded["runs"].values():
         doc = json.loads(run["raw"])
         if is_valid(doc):

@@ -15,6 +15,7 @@ import pytest
 from grading_samples import EXAMPLE_DIR, OVERLAYS, make_samples
 
 import pytest_cbatch.reference.scheduler_sim as reference_sim
+from pytest_cbatch.breaker import short_seconds
 from pytest_cbatch.grading.driver import main as grade_main
 from pytest_cbatch.grading.driver import sandbox_mode
 from pytest_cbatch.grading.evaluate import Submission, grade_submission, rubric_tests
@@ -43,7 +44,8 @@ EXPECTED_FAILURES = {
 HIDDEN_NAME = "crowded_cancels"
 # The example rubric with a 5 s call limit instead of 15 s and a breaker at the first failed call instead of
 # the second: an honest call takes well under a second even loaded, and the submission that loops forever
-# costs max_failures timeouts of a spinning core on the visible workloads and as many on the hidden ones.
+# costs max_failures timeouts of a spinning core on the visible workloads and as many on the hidden ones,
+# then the breaker's short limit (1 s) on each further call.
 # (The breaker's count of failures in a row: tests/test_sandbox.py.)
 CALL_SECONDS = 5
 MAX_FAILURES = 1
@@ -109,7 +111,9 @@ def test_hostile_samples_fail_with_a_clear_message(graded) -> None:
         assert all(t["score"] == t["max_score"] for t in lifecycle), name
     refusal = next(t for t in results(out, "loops_forever")["tests"] if t["name"] == "contract.invalid_input_refused")
     output = refusal["output"]
-    assert f"did not answer within {CALL_SECONDS} s" in output and "not JSON" not in output, output
+    # It was still run on every invalid input, at the breaker's short limit after its run of timeouts.
+    short = f"did not answer within {short_seconds(CALL_SECONDS):g} s"
+    assert short in output and "short limit" in output and "not JSON" not in output, output
 
 
 def test_a_failure_explains_itself_and_replays_from_the_students_folder(graded) -> None:

@@ -35,6 +35,7 @@ lifecycle_examples = 1
 numerics = "off"
 parts = ["scheduler", "lifecycle"]
 course = true
+optional = ["admission=optimistic"]
 {extra}
 [limits]
 call_seconds = 30
@@ -106,11 +107,11 @@ def test_a_runtime_outside_usr_is_added_by_the_rubric(tmp_path: Path) -> None:
     tool.write_text("#!/bin/sh\n", encoding="utf-8")
     tool.chmod(0o755)
     folder = folder_with(tmp_path, "s", '[submission]\nexec = "mylang main.ml"\n')
-    assert "is not found" in command_problem(read_manifest(folder), folder)
+    assert "is not found" in command_problem(read_manifest(folder).command, folder)
     rubric_file = tmp_path / "rubric.toml"
     rubric_file.write_text(f'[grading]\nruntimes = ["{runtime}"]\n', encoding="utf-8")
     rubric = load_rubric(rubric_file)
-    assert command_problem(read_manifest(folder), folder, rubric.runtimes) is None
+    assert command_problem(read_manifest(folder).command, folder, rubric.runtimes) is None
     rubric_file.write_text('[grading]\nruntimes = ["opt/mylang"]\n', encoding="utf-8")
     with pytest.raises(ValueError, match="absolute paths of folders"):
         load_rubric(rubric_file)
@@ -231,7 +232,7 @@ def test_bubblewrap_shows_a_runtime_the_rubric_adds_and_no_other(tmp_path: Path)
     launcher.write_text(f'#!/bin/sh\nexec node {runtime / "scheduler_sim.js"}\n', encoding="utf-8")
     launcher.chmod(0o755)
     folder = folder_with(tmp_path, "s", '[submission]\nexec = "course-sched"\n')
-    load = LoadSpec(str(folder), command=read_manifest(folder))
+    load = LoadSpec(str(folder), command=read_manifest(folder).command)
     impl = IsolatedImplementation("s", load, Limits(call_seconds=30), mode="bwrap", runtimes=(str(runtime),))
     try:
         demo = WORKLOADS["demo"]

@@ -1,5 +1,5 @@
-"""Runaways end fast and stay small: a stopped call's memory is given back, the breaker ends a run of
-timeouts, and an ``exec:`` program's failure shows its stderr's last lines.
+"""Runaways end fast and stay small: a stopped call's memory is given back, the breaker shortens the limit
+after a run of timeouts (every workload still runs), and an ``exec:`` program's failure shows its stderr's last lines.
 
 Limits here are small so each runaway costs seconds; nothing asserts how long anything took (the
 breaker is checked by counting the implementation's calls, the memory by the run's peak RSS).
@@ -20,6 +20,7 @@ from pytest_cbatch.breaker import Breaker
 from pytest_cbatch.impls import PythonImplementation, resolve_impl
 from pytest_cbatch.plugin import suite_dir
 from pytest_cbatch.reference.scheduler_sim import demo_trace
+from pytest_cbatch.reference.scheduler_sim import simulate as reference_simulate
 from pytest_cbatch.runner import Judge
 from pytest_cbatch.workloads import BASE_CONFIG
 
@@ -71,40 +72,49 @@ def test_a_runaway_that_hoards_memory_keeps_the_run_under_2_gib(tmp_path: Path) 
     assert peak_mib < 2048, f"peak RSS {peak_mib:.0f} MiB over 3 stopped calls"
 
 
-def test_the_breaker_fails_the_rest_at_once_after_a_run_of_timeouts(pytester: pytest.Pytester) -> None:
+def test_after_a_run_of_timeouts_every_workload_still_runs_at_the_short_limit(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(loops=LOOPS)
     pytester.makeini("[pytest]\ncbatch_max_timeouts = 2\n")
-    result = run_suite(pytester, "--cbatch-impl=loops.py", "--cbatch-timeout=0.5",
+    result = run_suite(pytester, "--cbatch-impl=loops.py", "--cbatch-timeout=2",
                        "-k", "completes and (demo or reservation or budget_1 or idle_gaps)")
     result.assert_outcomes(failed=5)  # demo, demo_serial and the three others
     calls = (pytester.path / "calls.txt").read_text().splitlines()
-    assert len(calls) == 2, f"{len(calls)} calls: the breaker did not stop calling after 2 timeouts"
+    assert len(calls) == 5, f"{len(calls)} calls for 5 workloads: a workload judged was not run"
+    first = failure_text(result, "test_contract[completes-demo]")
+    assert "did not finish within 2 s" in first and "short limit" not in first, first
     later = failure_text(result, "test_contract[completes-idle_gaps]")
-    assert "2 calls in a row did not finish within the time limit" in later, later
+    assert "did not finish within 1 s" in later and "the short limit of 1 s instead of 2 s" in later, later
     assert "--cbatch-max-timeouts=2" in later, later
 
 
-def test_the_breaker_counts_timeouts_in_a_row_and_zero_never_trips() -> None:
+def test_the_breaker_counts_timeouts_in_a_row_and_a_call_that_finishes_restores_the_full_limit() -> None:
     breaker = Breaker(2)
     for timed_out in (True, False, True):
         breaker.note(timed_out)
-    assert breaker.tripped is None  # a call that returned ended the streak
+    assert not breaker.tripped and breaker.seconds(60) == 60  # a call that returned ended the streak
     breaker.note(True)
-    assert breaker.tripped and "--cbatch-max-timeouts=2" in breaker.tripped
+    assert breaker.tripped and "--cbatch-max-timeouts=2" in breaker.why_short(60)
+    assert (breaker.seconds(60), breaker.seconds(5), breaker.seconds(0.5), breaker.seconds(900)) == (6, 1, 0.5, 10)
     never = Breaker(0)
     for _ in range(10):
         never.note(True)
-    assert never.tripped is None
+    assert not never.tripped and never.seconds(60) == 60
 
-    def loops(trace: list, **config: object) -> dict:
-        while True:
+    def loops_on_more_than_one_line(trace: list, **config: object) -> dict:
+        while len(trace) > 1:
             pass
+        return reference_simulate(trace, **config)
 
-    impl = PythonImplementation("loops", loops, "test", Bounds(seconds=0.3))
+    impl = PythonImplementation("loops", loops_on_more_than_one_line, "test", Bounds(seconds=1.5))
     impl.breaker = Breaker(1)
+    one_line = demo_trace()[:1]
     first, second = impl.run(demo_trace(), BASE_CONFIG), impl.run(demo_trace(), BASE_CONFIG)
-    assert first.stopped and "did not finish within 0.3 s" in first.stopped, first
-    assert second.stopped == impl.breaker.tripped and second.seconds == 0, second
+    assert first.stopped and "did not finish within 1.5 s" in first.stopped, first
+    assert second.stopped and "did not finish within 1 s" in second.stopped, second
+    assert "the short limit of 1 s instead of 1.5 s" in second.stopped and second.seconds >= 0.9, second
+    assert impl.run(one_line, BASE_CONFIG).report is not None  # it ran, at the short limit, and finished
+    third = impl.run(demo_trace(), BASE_CONFIG)
+    assert third.stopped and "within 1.5 s" in third.stopped and "short" not in third.stopped, third
 
 
 def test_an_exec_failure_shows_the_last_lines_of_its_stderr(tmp_path: Path) -> None:

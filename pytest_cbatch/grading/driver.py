@@ -103,7 +103,9 @@ def folder_submission(folder: Path, name: str) -> Submission | None:
     None when it holds neither."""
     if os.path.lexists(folder / MANIFEST):
         try:
-            return Submission(name, str(folder), LoadSpec(str(folder), command=read_manifest(folder)))
+            manifest = read_manifest(folder)
+            return Submission(name, str(folder), LoadSpec(str(folder), command=manifest.command,
+                                                          unsupported=manifest.unsupported))
         except ManifestError as exc:
             return Submission(name, str(folder), LoadSpec(str(folder)), problem=str(exc))
     files = submission_files(str(folder))

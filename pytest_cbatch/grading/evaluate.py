@@ -2,10 +2,12 @@
 
 ``grade_submission(submission, rubric, plan, out_dir)`` returns a
 ``SubmissionResult`` with one test per contract clause (it passes when it
-passes on every workload it ran on and every workload the submission did not
-declare unsupported was one it ran on: a workload where the submission failed
-``completes`` or ``schema_valid``, or whose report hid what the clause needs,
-counts as not passed), one per lifecycle clause and one per
+passes on every workload it ran on and every workload was one it ran on, but
+those outside the clause's scope and those it declined as unsupported that the
+rubric's ``[grading] optional`` names a setting of: a workload where the
+submission failed ``completes`` or ``schema_valid``, whose report hid what the
+clause needs, that was never run, or that it declined otherwise counts as not
+passed; summary.csv's flags name every setting it declined), one per lifecycle clause and one per
 numeric check and dtype, as far as the rubric's ``parts`` include them: the
 same tests (``rubric_tests``) for every submission, so every total is the same;
 a test the submission cannot answer scores 0 and says why.  A failed test's output holds the explanation, the
@@ -19,6 +21,7 @@ beside results.json, for the instructor.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from .. import untrusted
 from ..explain import explain_failure, replay_command, trace_jsonl
 from ..impls import BrokenOutput, Implementation, ImplementationError
 from ..runner import OPT_IN_CLAUSES, ClauseResult, Judge, judged_clauses, shrink_trace
+from ..support import matching
 from ..sandbox import IsolatedImplementation, KitGuard, LoadSpec
 from ..sandbox.limits import Deadline
 from .plan import HIDDEN_TEST, Case, Plan
@@ -54,10 +58,18 @@ class Submission:
 
 @dataclass
 class _Tally:
+    """What one clause saw on the workloads of a plan; every workload lands in exactly one count, so ``ran``
+    plus the others is ``sum(kinds.values())``."""
+
+    kinds: Counter[str] = field(default_factory=Counter)   # every workload the clause was asked on, by kind
     ran: int = 0
-    skipped: list[str] = field(default_factory=list)   # a declared capability the workload needs
+    skipped: list[str] = field(default_factory=list)   # outside the clause's scope for the workload's settings
+    optional: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # declined, optional in the rubric
+    declined: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # declined otherwise: not passed
+    not_run: list[tuple[Case, ClauseResult]] = field(default_factory=list)    # never run (a limit): not passed
     failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)
-    hidden_ran: int = 0  # hidden workloads the rubric hides from students: counted apart, never shown
+    withheld: int = 0    # hidden workloads the rubric hides from students: counted apart, never shown
+    hidden_ran: int = 0  # of those, the ones the clause was judged on or counts against
     hidden_failed: list[tuple[Case, ClauseResult]] = field(default_factory=list)   # failed or not judged there
     # Not judged because the submission failed there (no report, an unreadable one) or its report hid what
     # the clause needs: never a pass.
@@ -112,7 +124,7 @@ def grade_submission(submission: Submission, rubric: Rubric, plan: Plan, out_dir
         return _kit_used(submission.name, rubric, plan, notes, start, guard, flags)
     flags += [f"uses the kit's code (allowed by the rubric): {use}" for use in guard.uses()]
     if flags:
-        result.extra["flags"] = flags
+        result.extra["flags"] = flags + result.extra.get("flags", [])
     return result
 
 
@@ -191,6 +203,7 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
     replay_spec = source if ":" in source else f"{source}:simulate"  # the student runs it from their folder
     tests: list[TestResult] = []
     contract: _Contract | None = None
+    declines: list[str] = []
     if "scheduler" in rubric.parts and impl.fn is None:
         absent = "this submission has no simulate (the published layout defines it in scheduler_sim.py)"
         tests += [TestResult(f"contract.{c}", False, "", tags=["contract"], unjudged=absent)
@@ -199,7 +212,7 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
             tests.append(TestResult(HIDDEN_TEST, False, "", tags=["hidden"], unjudged=absent))
     elif "scheduler" in rubric.parts:
         judges = {"visible": Judge(impl), "hidden": Judge(impl if hidden is None else hidden)}
-        contract = _Contract(judges, contract_clauses(rubric), plan, replay_spec, out_dir)
+        contract = _Contract(judges, contract_clauses(rubric), plan, replay_spec, out_dir, rubric.optional)
         contract.visible()
     others: list[TestResult] = []
     if "lifecycle" in rubric.parts:
@@ -208,10 +221,11 @@ def grade_implementation(impl: Implementation, name: str, rubric: Rubric, plan: 
         others += _numeric_tests(impl, rubric, notes)
     if contract is not None:  # the hidden workloads last of all (see _Contract)
         tests += contract.finish()
+        declines = contract.flags()
         if contract.hidden_log:  # the instructor's: it quotes the submission's own messages, made safe to write
             (out_dir / "hidden-failures.txt").write_text(
                 untrusted.text("\n\n".join(contract.hidden_log), None) + "\n", encoding="utf-8")
-    return _finish(name, rubric, tests + others, notes, start, plan=plan)
+    return _finish(name, rubric, tests + others, notes, start, flags=declines, plan=plan)
 
 
 def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str], start: float,
@@ -285,8 +299,11 @@ class _Contract:
     """
 
     def __init__(self, judges: dict[str, Judge], clauses: tuple[str, ...], plan: Plan, spec: str,
-                 out_dir: Path) -> None:
+                 out_dir: Path, optional: tuple[str, ...] = ()) -> None:
+        """``optional``: the rubric's settings whose workloads may be declined."""
         self.judges, self.clauses, self.plan, self.spec, self.out_dir = judges, clauses, plan, spec, out_dir
+        self.optional = optional
+        self.declines: dict[str, set[str]] = {}   # the settings of a decline -> the workloads declined for them
         self.tallies = {cid: _Tally() for cid in clauses}
         self.apart = _Tally()  # the hidden workloads, when they score in HIDDEN_TEST alone
         self.hidden_log: list[str] = []
@@ -295,8 +312,9 @@ class _Contract:
     def visible(self) -> None:
         self._judge([c for c in self.plan.cases if c.kind != "hidden"])
         for case in self.plan.invalid:
-            _count(self.tallies["invalid_input_refused"], case,
-                   self.judges["visible"].judge_refusal(list(case.trace), case.config))
+            result = self.judges["visible"].judge_refusal(list(case.trace), case.config)
+            _count(self.tallies["invalid_input_refused"], case, result, self.optional)
+            self._declined(case, result)
         if self.plan.hidden_outcome:
             self.tests = [self._clause_test(cid) for cid in self.clauses]
 
@@ -306,6 +324,15 @@ class _Contract:
             return self.tests + [_hidden_test(self.judges["hidden"], self.apart, self.spec, self.out_dir,
                                               self.hidden_log)]
         return [self._clause_test(cid) for cid in self.clauses]
+
+    def flags(self) -> list[str]:
+        """What the submission declined, for summary.csv: each set of settings and how many workloads."""
+        return [f"declined: {setting} ({len(labels)} workload{'s' if len(labels) != 1 else ''})"
+                for setting, labels in sorted(self.declines.items())]
+
+    def _declined(self, case: Case, result: ClauseResult) -> None:
+        if result.declined:
+            self.declines.setdefault(", ".join(result.declined), set()).add(case.label)
 
     def _clause_test(self, cid: str) -> TestResult:
         return _clause_test(self.judges, cid, self.tallies[cid], self.plan, self.spec, self.out_dir, self.hidden_log)
@@ -319,7 +346,8 @@ class _Contract:
                     continue
                 result = judge.judge(cid, list(case.trace), case.config)
                 _count(self.apart if withheld and self.plan.hidden_outcome else self.tallies[cid], case, result,
-                       withheld)
+                       self.optional, withheld)
+                self._declined(case, result)
             judge.forget()  # a report lives while its workload is judged, not for the rest of the part
 
 
@@ -338,36 +366,36 @@ def _hidden_test(judge: Judge, tally: _Tally, spec: str, out_dir: Path, hidden_l
     return TestResult(HIDDEN_TEST, True, "passed: every clause held on every hidden workload", tags=["hidden"])
 
 
-def _count(tally: _Tally, case: Case, result: ClauseResult, withheld: bool = False) -> None:
+def _count(tally: _Tally, case: Case, result: ClauseResult, optional: tuple[str, ...], withheld: bool = False) -> None:
     """Add ``result``; a ``withheld`` case (hidden from students) counts apart, so no visible count depends on it.
 
-    A skip the submission caused (it failed ``completes`` or ``schema_valid`` there, or its report hid what the
-    clause needs) is never a pass: ``blocked``, or a hidden failure."""
-    blocked = result.status == "skip" and bool(result.blocked_by or result.unobservable)
-    if result.status == "skip" and not blocked:
-        if not withheld:
-            tally.skipped.append(result.reason)
-        return
+    A skip the submission caused is never a pass: it failed ``completes`` or ``schema_valid`` there, or its
+    report hid what the clause needs (``blocked``), the workload was never run (``not_run``), or it declined
+    the workload as unsupported and the rubric does not make one of its settings optional (``declined``)."""
+    tally.kinds[case.kind] += 1
+    excused = bool(result.declined) and bool(matching(case.config, optional))
     if withheld:
+        tally.withheld += 1
+        if result.status == "skip" and (excused or not (result.declined or result.blocked_by or result.unobservable
+                                                         or result.not_run)):
+            return
         tally.hidden_ran += 1
-        if blocked or result.status == "fail":
+        if result.status != "pass":
             tally.hidden_failed.append((case, result))
         return
-    if blocked:
-        tally.blocked.append((case, replace(result, report=None)))
-        return
-    if result.status == "skip":
-        if not withheld:
-            tally.skipped.append(result.reason)
-        return
-    if withheld:
-        tally.hidden_ran += 1
-        if result.status == "fail":
-            tally.hidden_failed.append((case, result))
-        return
-    tally.ran += 1
-    if result.status == "fail":  # the report stays only where the failure will be explained (see _clause_test)
-        tally.failed.append((case, replace(result, report=None) if tally.failed else result))
+    kept = replace(result, report=None)
+    if result.not_run:
+        tally.not_run.append((case, kept))
+    elif result.declined:
+        (tally.optional if excused else tally.declined).append((case, kept))
+    elif result.status == "skip" and (result.blocked_by or result.unobservable):
+        tally.blocked.append((case, kept))
+    elif result.status == "skip":
+        tally.skipped.append(result.reason)
+    else:
+        tally.ran += 1
+        if result.status == "fail":  # the report stays only where the failure will be explained (_clause_test)
+            tally.failed.append((case, kept if tally.failed else result))
 
 
 def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, spec: str, out_dir: Path,
@@ -376,24 +404,33 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
     hides them, is only whether any failed it: never which, how many, their skips or their messages."""
     name = f"contract.{cid}"
     tags = ["contract"]
-    if not tally.ran and not tally.blocked and not tally.hidden_ran:
-        reason = tally.skipped[0] if tally.skipped else "no workload applies"
+    against = tally.blocked or tally.declined or tally.not_run
+    if not tally.ran and not against and not tally.hidden_ran:
+        reason = (tally.skipped[0] if tally.skipped else tally.optional[0][1].reason if tally.optional
+                  else "no workload applies")
         return TestResult(name, False, "", tags=tags, unjudged=f"skipped on every workload ({reason})")
     for case, result in tally.hidden_failed:
         hidden_log.append(_explain(judges["hidden"], cid, case, result, spec, out_dir, write=False)[0]
                           if result.status == "fail" else f"[{cid}] {case.label}: not judged: {result.reason}")
-    kinds = f"of {len(plan.invalid)} invalid inputs" if cid == "invalid_input_refused" else _kinds(tally, plan)
-    withheld = (plan.counts()["hidden"] if not plan.hidden_visible and not plan.hidden_outcome
-                and cid != "invalid_input_refused" else 0)
-    if not tally.failed and not tally.blocked and not tally.hidden_failed:
+    kinds = _kinds(tally)
+    if not tally.failed and not against and not tally.hidden_failed:
         return TestResult(name, True, f"passed on all {tally.ran} workloads it ran on ({kinds})"
-                          + (f"; none of the {withheld} hidden workloads failed it" if withheld else ""), tags=tags)
+                          + (f"; none of the {tally.withheld} hidden workloads failed it" if tally.withheld else "")
+                          + _optional_line(tally), tags=tags)
     lines = [_blocked_line(cid, tally, plan)] if tally.blocked else []
+    lines += [_declined_line(cid, tally.declined, plan, "declined as unsupported",
+                             "only the rubric's [grading] optional makes a setting optional; support is declared "
+                             "as settings, the same for every trace")] if tally.declined else []
+    lines += [_declined_line(cid, tally.not_run, plan, "never run", tally.not_run[0][1].violations[0].message
+                             if tally.not_run[0][1].violations else tally.not_run[0][1].reason)] \
+        if tally.not_run else []
     if tally.failed:
         lines.append(f"failed on {len(tally.failed)} of {tally.ran} workloads it ran on ({kinds}): "
                      + _labels(tally.failed, 0))
     elif tally.ran:
-        lines.append(f"passed on the other {tally.ran} workloads it ran on ({kinds})")
+        lines.append(f"passed on the {tally.ran} workloads it ran on ({kinds})")
+    else:
+        lines.append(f"ran on no workload ({kinds})")
     if tally.hidden_failed:
         lines.append("it also failed on hidden workloads (which and how many is withheld)")
     picture = None
@@ -402,7 +439,24 @@ def _clause_test(judges: dict[str, Judge], cid: str, tally: _Tally, plan: Plan, 
         text, picture = _explain(judges["hidden" if first_case.kind == "hidden" else "visible"], cid,
                                  *tally.failed[0], spec, out_dir)
         lines.append(text)
-    return TestResult(name, False, "\n".join(lines), tags=tags, picture=picture)
+    return TestResult(name, False, "\n".join(lines) + _optional_line(tally), tags=tags, picture=picture)
+
+
+def _declined_line(cid: str, cases: list[tuple[Case, ClauseResult]], plan: Plan, what: str, why: str) -> str:
+    """Why workloads the clause never saw, declined or not run, count against it."""
+    settings = sorted({s for _, r in cases for s in r.declined})
+    shown = [(c, r) for c, r in cases if c.kind != "hidden" or plan.hidden_visible]
+    return (f"not passed: {cid} was not judged on {len(cases)} workload(s) {what}"
+            + (f" (settings {', '.join(settings)})" if settings else "")
+            + f": {_labels(shown, len(cases) - len(shown))}; they count as not passed ({why})")
+
+
+def _optional_line(tally: _Tally) -> str:
+    if not tally.optional:
+        return ""
+    settings = sorted({s for _, r in tally.optional for s in r.declined})
+    return (f"\n{len(tally.optional)} workload(s) declined as unsupported do not count: the rubric makes "
+            f"{', '.join(settings)} optional ([grading] optional): {_labels(tally.optional, 0)}")
 
 
 def _labels(shown: list[tuple[Case, ClauseResult]], withheld: int) -> str:
@@ -428,16 +482,20 @@ def _blocked_line(cid: str, tally: _Tally, plan: Plan) -> str:
             + " (a workload the submission failed is not one its clauses passed)")
 
 
-def _kinds(tally: _Tally, plan: Plan) -> str:
-    counts = plan.counts()
-    parts = [f"{counts['fixed']} fixed", f"{counts['generated']} generated"]
-    if counts["hidden"] and not plan.hidden_outcome:
-        parts.append(f"{counts['hidden']} hidden")
-    if tally.skipped:
-        parts.append(f"{len(tally.skipped)} skipped: a setting the submission declares it does not support")
-    if tally.blocked:
-        parts.append(f"{len(tally.blocked)} not judged, counted as not passed")
-    return "of " + ", ".join(parts)
+def _kinds(tally: _Tally) -> str:
+    """The workloads the clause was asked on, by kind, and where those it did not run on went: the counts add
+    up to the total."""
+    order = ("fixed", "generated", "hidden", "invalid")
+    total = sum(tally.kinds.values())
+    kinds = ", ".join(f"{tally.kinds[k]} {k}" for k in order if tally.kinds[k])
+    others = [(len(tally.skipped), "outside the clause's scope"),
+              (len(tally.optional), "declined but optional in the rubric"),
+              (len(tally.declined), "declined and counted as not passed"),
+              (len(tally.blocked), "not judged and counted as not passed"),
+              (len(tally.not_run), "not run and counted as not passed"),
+              (tally.withheld, "hidden and judged apart")]
+    rest = ", ".join(f"{n} {what}" for n, what in others if n)
+    return f"of {total} workloads: {kinds}" + (f"; besides those it ran on: {rest}" if rest else "")
 
 
 def _explain(judge: Judge, cid: str, case: Case, result: ClauseResult, spec: str, out_dir: Path,

@@ -8,9 +8,11 @@ runs inside the same sandbox as a Python submission, in its working copy of
 the folder.  The manifest is the student's, so it is untrusted input: it is
 read only when it is a plain file (never through a link, never a FIFO or a
 device: ``untrusted.read_file``) of at most 16 KiB of UTF-8 TOML, with one
-table ``[submission]`` holding one key ``exec``, a command line of at most
-1000 characters; anything else is refused with a message that names the
-problem, and the submission's results say so.  The command is a file of the
+table ``[submission]`` holding the key ``exec``, a command line of at most
+1000 characters, and maybe ``unsupported``, the settings the program does not
+support (``support``: at most 64 strings ``"key"`` or ``"key=value"``, e.g.
+``unsupported = ["admission=optimistic"]``); anything else is refused with a
+message that names the problem, and the submission's results say so.  The command is a file of the
 submission (a name with a slash: ``./scheduler``, ``bin/run``) or a program
 the sandbox shows on its PATH (``sandbox.limits.sandbox_path``: the system's
 under ``/usr``, and the rubric's ``[grading] runtimes``).
@@ -21,18 +23,20 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from .. import untrusted
 from ..sandbox.limits import sandbox_path
 from ..sandbox.program import find_command
+from ..support import parse_settings
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-__all__ = ["MANIFEST", "ManifestError", "command_problem", "read_manifest"]
+__all__ = ["MANIFEST", "Manifest", "ManifestError", "command_problem", "read_manifest"]
 
 MANIFEST = "cbatch.toml"
 _MAX_BYTES = 16 * 1024
@@ -44,8 +48,16 @@ class ManifestError(ValueError):
     """A manifest that cannot be used; the message names the file and the problem."""
 
 
-def read_manifest(folder: str | Path) -> tuple[str, ...]:
-    """The command (argv) that ``folder``'s manifest names; ManifestError when it is not a valid manifest."""
+@dataclass(frozen=True)
+class Manifest:
+    """What a valid manifest says: the command (argv) and the settings it declares it does not support."""
+
+    command: tuple[str, ...]
+    unsupported: tuple[str, ...] = ()
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """What ``folder``'s manifest says; ManifestError when it is not a valid manifest."""
     try:
         raw = untrusted.read_file(Path(folder) / MANIFEST, _MAX_BYTES)
     except untrusted.UntrustedFile as exc:
@@ -65,7 +77,8 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
     table = data.get("submission")
     if not isinstance(table, dict):
         raise ManifestError(f"{MANIFEST} needs a [submission] table naming the command:\n{_EXAMPLE}")
-    _only(table, "exec", "[submission] has unknown key(s)", "the only key is exec, the command line")
+    _only(table, ("exec", "unsupported"), "[submission] has unknown key(s)",
+          "its keys are exec, the command line, and unsupported, the settings it does not support")
     command = table.get("exec")
     if not isinstance(command, str):
         got = "nothing" if command is None else f"a value of type {type(command).__name__}"
@@ -82,11 +95,15 @@ def read_manifest(folder: str | Path) -> tuple[str, ...]:
     if not argv:
         raise ManifestError(f"{MANIFEST}: [submission].exec is empty; name the command, e.g. "
                             f"\"node scheduler_sim.js\"")
-    return tuple(argv)
+    try:
+        unsupported = parse_settings(table.get("unsupported", []), f"{MANIFEST}: [submission].unsupported")
+    except ValueError as exc:
+        raise ManifestError(str(exc)) from None
+    return Manifest(tuple(argv), unsupported)
 
 
-def _only(table: dict, known: str, what: str, hint: str) -> None:
-    unknown = sorted(set(table) - {known})
+def _only(table: dict, known: str | tuple[str, ...], what: str, hint: str) -> None:
+    unknown = sorted(set(table) - ({known} if isinstance(known, str) else set(known)))
     if unknown:
         shown = ", ".join(repr(untrusted.line(key, 60)) for key in unknown[:5])
         raise ManifestError(f"{MANIFEST}: {what} {shown}{' ...' if len(unknown) > 5 else ''}; {hint}")

@@ -15,6 +15,8 @@ shipped ``default_rubric.toml``)::
     course = false             # true: also grade contract.course_results, the course's exact results
     runtimes = []              # language runtimes outside /usr a program submission may use (absolute folders)
     kit_imports = "refuse"     # a submission that uses the kit's code (its reference) scores 0; "allow": graded
+    optional = []              # settings a submission may decline: its workloads that need them do not count
+                               # (e.g. ["admission=optimistic"]); any other decline scores as not passed
 
     [limits]                   # see pytest_cbatch.sandbox.Limits
     call_seconds = 10
@@ -54,6 +56,7 @@ from typing import Any, Mapping, Sequence
 
 from ..sandbox import SANDBOX_MODES, Limits
 from ..spelling import unknown_name
+from ..support import parse_settings
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,7 +70,7 @@ HIDDEN_REVEALS = ("outcome", "clauses")
 PARTS = ("scheduler", "lifecycle", "numerics")
 _GRADING_KEYS = {"seed": int, "generated_examples": int, "lifecycle_examples": int, "numerics": str,
                  "numerics_workloads": list, "numerics_dtypes": list, "parts": list, "sandbox": str, "course": bool,
-                 "runtimes": list, "kit_imports": str}
+                 "runtimes": list, "kit_imports": str, "optional": list}
 
 
 _KIND_NAMES = {bool: "boolean (true or false)"}
@@ -98,6 +101,7 @@ class Rubric:
     course: bool = False
     runtimes: tuple[str, ...] = ()
     kit_imports: str = "refuse"  # "allow": a submission may use the kit's code (still flagged in summary.csv)
+    optional: tuple[str, ...] = ()  # settings whose workloads a submission may decline (``support``)
     limits: Limits = field(default_factory=Limits)
     hidden_traces: Path | None = None
     hidden_visibility: str = "hidden"
@@ -182,6 +186,8 @@ def _grading(values: Mapping[str, Any], source: str) -> dict[str, Any]:
                              f"(a runtime's install folder, e.g. \"/opt/node-v22\"), got {folder!r}")
     if out.get("kit_imports", "refuse") not in ("refuse", "allow"):
         raise ValueError(f"{source}: [grading].kit_imports must be \"refuse\" or \"allow\", got {out['kit_imports']!r}")
+    if "optional" in out:
+        out["optional"] = parse_settings(out["optional"], f"{source}: [grading].optional")
     for key in ("generated_examples", "lifecycle_examples"):
         if out.get(key, 1) < 0:
             raise ValueError(f"{source}: [grading].{key} must be 0 or more, got {out[key]}")

@@ -1,8 +1,10 @@
 """The ``exec:COMMAND`` kind: any language, as a process speaking JSON on stdin and stdout.
 
 The kit writes ``{"trace": [...], "config": {...}}`` on the command's stdin and
-reads the report JSON from its stdout.  Exit 0 means a report; exit 3 means
-"setting not supported" (stderr is the reason; the test is skipped); any other
+reads the report JSON from its stdout.  Exit 0 means a report; exit 3 declines
+the workload as not supported (stderr is the reason): settled by the kit's
+probe with the same settings (``impls.Implementation.run``): the workload is
+skipped when the probe is declined too, else it fails ``completes``; any other
 non-zero exit means the input was refused (stderr is the message).  It runs in a
 new process session under the time limit; on a timeout the whole session (the
 command and every process it started) is killed, and so is anything it leaves
@@ -47,7 +49,7 @@ class ExecImplementation(Implementation):
 
     def _call(self, trace: list[dict[str, Any]], config: dict[str, Any]) -> dict[str, Any]:
         payload = json.dumps({"trace": trace, "config": config}).encode("utf-8")
-        seconds = self.limits.seconds
+        seconds, short = self._time_limit(self.limits.seconds)
         try:
             proc = subprocess.Popen(self.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     start_new_session=True)
@@ -57,8 +59,8 @@ class ExecImplementation(Implementation):
             stdout, stderr = proc.communicate(payload, timeout=seconds if seconds > 0 else None)
         except subprocess.TimeoutExpired:
             _kill_session(proc)
-            raise Stopped(f"did not finish within {seconds:g} s ({self.limits.time_option}={seconds:g} changes "
-                          f"the limit; 0 disables it); its process session was killed") from None
+            raise Stopped(f"did not finish within {seconds:g} s ({self.limits.time_option}={self.limits.seconds:g} "
+                          f"changes the limit; 0 disables it){short}; its process session was killed") from None
         finally:
             _kill_session(proc)  # whatever it left running in its session
         return exec_report(self.spec, proc.returncode, stdout, stderr)

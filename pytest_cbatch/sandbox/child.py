@@ -356,6 +356,7 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         modules = [(f"{modules[0][0]}:{spec['attr']}", target)]
     names: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    owner: Any = None   # the module or object simulate came from: it may declare CBATCH_UNSUPPORTED
     for label, target in modules:
         fn = target if callable(target) and not inspect.ismodule(target) and not inspect.isclass(target) else None
         candidates = {"simulate": fn or getattr(target, "simulate", None)}
@@ -363,7 +364,10 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         for name, value in candidates.items():
             if name not in names and callable(value):
                 names[name], sources[name] = value, label
+                owner = target if name == "simulate" else owner
     described: dict[str, Any] = {"parts": [p for p in PARTS if p in names], "sources": sources, "simulate": None}
+    if "simulate" in names:
+        described["unsupported"] = _declared(names["simulate"], owner)
     if "simulate" in names:
         try:
             params = inspect.signature(names["simulate"]).parameters.values()
@@ -372,6 +376,18 @@ def load(spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         except (TypeError, ValueError):
             described["simulate"] = {"accepted": [], "open": True}
     return names, described
+
+
+def _declared(fn: Any, owner: Any) -> Any:
+    """``CBATCH_UNSUPPORTED`` of ``fn``, else of ``owner``, as JSON the parent validates (``support``):
+    a list's strings as they are, anything else named by its type so the parent's message shows it."""
+    for where in (fn, owner):
+        value = getattr(where, "CBATCH_UNSUPPORTED", None)
+        if value is not None:
+            if isinstance(value, (list, tuple)):
+                return [item if isinstance(item, str) else f"<{type(item).__name__}>" for item in value[:1000]]
+            return f"<{type(value).__name__}>"
+    return []
 
 
 def _kit_module(folder: str | None) -> Any:

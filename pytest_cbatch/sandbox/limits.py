@@ -40,10 +40,13 @@ class Limits:
     own processes, and binds a root grader too); ``output_kb`` bounds what it
     may print in all (stdout and stderr together) before it is killed;
     ``reply_mb`` bounds one reply.
-    After ``max_failures`` consecutive failed calls of one kind (simulate or
-    lifecycle objects) the rest of that kind fail at once instead of each
-    waiting out its limit; ``submission_seconds`` caps the wall time of all
-    calls together.
+    After ``max_failures`` consecutive failed ``simulate`` calls the next ones
+    still run, each at a short limit (``breaker.short_seconds``: a tenth of
+    ``call_seconds``, 1 to 10 s) until one succeeds, so every workload is run
+    and a loop costs seconds, not the full limit, a call; after as many failed
+    lifecycle calls the rest of those fail at once.  ``submission_seconds``
+    caps the wall time of all calls together: the calls after it are not
+    run (and a workload not run counts as not passed).
     """
 
     call_seconds: float = 10.0

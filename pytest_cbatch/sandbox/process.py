@@ -3,8 +3,11 @@
 ``Sandbox.request(message, family)`` sends one RPC request and returns the
 child's reply, or raises ``SandboxFailure`` saying what went wrong: a call
 past its wall-clock limit, a child that died (its signal or exit status), a
-flood of output, a reply that is not one JSON line, or a submission whose
-previous calls of that family all failed (the breaker); every byte of a
+flood of output, a reply that is not one JSON line, a lifecycle call after
+``max_failures`` failed ones in a row or any call once ``submission_seconds``
+are used up (the breaker, kind ``breaker``: not run).  A ``simulate`` call
+after ``max_failures`` failed ones in a row still runs, at the short limit
+(``breaker.short_seconds``), until one succeeds; every byte of a
 reply passes ``protocol.ReplyReader`` first.  The child runs in a
 fresh temporary working directory holding a copy of the submission, with a
 scrubbed environment, its own session (killed as a whole), and rlimits it
@@ -31,6 +34,7 @@ from typing import Any
 
 from .. import untrusted
 from ..bounded import CallTimedOut
+from ..breaker import short_seconds
 from .bwrap import Confinement, confine, kit_folders, resolve_mode
 from .files import SubmissionRefused, copy_submission
 from .guard import KitGuard
@@ -77,6 +81,7 @@ class LoadSpec:
     modules: tuple[str, ...] = ()      # importable module names
     attr: str | None = None            # attribute path on the first module
     command: tuple[str, ...] = ()      # a program's argv instead (its manifest's exec; see ``program``)
+    unsupported: tuple[str, ...] = ()  # settings its manifest declares it does not support (``support``)
 
 
 @dataclass
@@ -279,6 +284,16 @@ class Sandbox:
         self._admit(family, generation)
         return self._reply(family, encode_line(message), extra_seconds)
 
+    def call_limit(self, family: str) -> tuple[float, str]:
+        """The next ``family`` call's limit in seconds, and why it is short ("" when it is not): after
+        ``max_failures`` failed simulate calls in a row, the next run at ``breaker.short_seconds``."""
+        full, recent = self.limits.call_seconds, self._failures.get(family, [])
+        if family != "simulate" or len(recent) < self.limits.max_failures or short_seconds(full) >= full:
+            return full, ""
+        return short_seconds(full), (f" (the short limit of {short_seconds(full):g} s instead of {full:g} s: its "
+                                     f"last {len(recent)} calls in a row failed; a call that succeeds restores the "
+                                     f"full limit; limit max_failures sets how many)")
+
     def receive(self, family: str, generation: int) -> dict[str, Any]:
         """The next line of a reply that spans several (a searched lifecycle part), like ``request``."""
         if self._replies and self._proc is not None and generation == self.generation:
@@ -292,7 +307,7 @@ class Sandbox:
             raise SandboxFailure("died", f"the {self.label}'s objects are gone: its process was restarted after "
                                          f"an earlier failure")
         recent = self._failures.get(family, [])
-        if len(recent) >= self.limits.max_failures:
+        if family != "simulate" and len(recent) >= self.limits.max_failures:
             raise SandboxFailure("breaker", f"not run: the {self.label}'s last {len(recent)} {family} calls all "
                                             f"failed (the last: {recent[-1]})")
         if self.seconds_used >= self.limits.submission_seconds:
@@ -307,7 +322,7 @@ class Sandbox:
         try:
             if self._proc is None:
                 self._start()
-            reply = self._exchange(payload, extra_seconds)
+            reply = self._exchange(payload, extra_seconds, self.call_limit(family))
         except SandboxFailure as exc:
             self._failures.setdefault(family, []).append(str(exc).splitlines()[0])
             self.kill()
@@ -317,11 +332,14 @@ class Sandbox:
             self.kill()
         return reply
 
-    def _exchange(self, payload: bytes | None, extra_seconds: float = 0.0) -> dict[str, Any]:
-        """Write ``payload`` (unless None) and read one reply line, draining output, within the call limit."""
+    def _exchange(self, payload: bytes | None, extra_seconds: float = 0.0,
+                  limit: tuple[float, str] | None = None) -> dict[str, Any]:
+        """Write ``payload`` (unless None) and read one reply line, draining output, within the call limit
+        (``limit``: its seconds and why they are short, see ``call_limit``; default the full limit)."""
         assert self._proc is not None and self._proc.stdout is not None
+        seconds, short = limit or (self.limits.call_seconds, "")
         start = time.monotonic()
-        deadline = start + self.limits.call_seconds + extra_seconds
+        deadline = start + seconds + extra_seconds
         output_limit = self.limits.output_kb * 1024
         pending = memoryview(payload or b"")
         if payload is not None:
@@ -344,8 +362,8 @@ class Sandbox:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise SandboxTimeout("timeout", f"the {self.label} did not answer within "
-                                                    f"{self.limits.call_seconds:g} s "
-                                                    f"({self.limits.term('call_seconds')})"
+                                                    f"{seconds:g} s "
+                                                    f"({self.limits.term('call_seconds')}){short}"
                                          + self._output.tail_note(), self._stack)
                 for key, _ in sel.select(left):
                     if key.data == "write":

@@ -18,7 +18,10 @@ import weakref
 from typing import Any, TypeVar
 
 from .. import untrusted
-from ..impls import BrokenOutput, Implementation, ImplementationError, PythonImplementation, Refused, Stopped, Unsupported
+from ..impls import (
+    BrokenOutput, Implementation, ImplementationError, NotRun, PythonImplementation, Refused, Stopped, Unsupported,
+)
+from ..support import parse_settings
 from .limits import Deadline, Limits
 from .guard import KitGuard
 from .process import LoadSpec, Sandbox, SandboxFailure
@@ -101,6 +104,8 @@ class _RemoteSimulate:
         except SandboxFailure as exc:
             if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
                 raise Stopped(str(exc), exc.stack) from None
+            if exc.kind == "breaker":  # never run: a workload not run is never one it ran on
+                raise NotRun(str(exc)) from None
             raise BrokenOutput(str(exc)) from None
         # Every word of the reply is the child's, which the submission may have written: bounded text only.
         if "unsupported" in reply:
@@ -128,6 +133,7 @@ class IsolatedImplementation(Implementation):
     """An implementation whose code runs only in a sandbox child process (see the module docstring)."""
 
     unsupported_reason = PythonImplementation.unsupported_reason
+    declined_settings = PythonImplementation.declined_settings
 
     def __init__(self, spec: str, load: LoadSpec, limits: Limits, *, label: str = "submission",
                  mode: str = "auto", runtimes: tuple[str, ...] = (), guard: KitGuard | None = None,
@@ -155,6 +161,12 @@ class IsolatedImplementation(Implementation):
         self.fn = _RemoteSimulate(self.sandbox) if signature else None
         self.accepted = set(signature["accepted"]) if signature else set()
         self.open_kwargs = bool(signature and signature["open"])
+        try:  # declared in cbatch.toml (read by the kit) or as CBATCH_UNSUPPORTED (the child's word: validated)
+            self.unsupported = load.unsupported + parse_settings(info.get("unsupported", []),
+                                                                 f"{label}: CBATCH_UNSUPPORTED")
+        except ValueError as exc:
+            self.sandbox.close()
+            raise ImplementationError(f"--cbatch-impl {spec}: {exc}") from None
         self.parts: tuple[str, ...] = tuple(info.get("parts", []))
         self.namespace = RemoteNamespace(LiveChannel(self.sandbox), list(self.parts), label)
         if self.fn is None and not info.get("parts"):
