@@ -153,10 +153,11 @@ def _grade_one(submission: Submission, rubric: Rubric, plan: Plan, out_dir: Path
         shutil.rmtree(out_dir)
     out_dir.mkdir(parents=True)
     start = time.monotonic()
+    before = frozenset(reaper.descendants()) if reaper.adopted() else frozenset()
     try:
         result = grade_submission(submission, rubric, plan, out_dir, sandbox)
         if reaper.adopted():  # a process the submission left behind (setsid, double fork) dies before its results
-            reaper.sweep()
+            reaper.sweep(spare=before)
     except Exception as exc:  # a grader bug must not cost the other submissions their results
         detail = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-4:])
         result = _grader_failure(submission.name, rubric, plan, f"{type(exc).__name__}: {exc}",
@@ -293,8 +294,7 @@ def _gradescope(submission: Submission, rubric: Rubric, plan: Plan, out: Path, s
         write_json(out / "results.json", _grader_failure(submission.name, rubric, plan, problem, 0.0).gradescope())
         return 2
     reaper.adopt_orphans()
-    result = _grade_one(submission, rubric, plan, out / "_grading", sandbox)
-    reaper.sweep()
+    result = _grade_one(submission, rubric, plan, out / "_grading", sandbox)  # its own sweep makes it the last
     (out / "_grading" / "results.json").unlink(missing_ok=True)  # the verdict is the one in memory, not that file
     write_json(out / "results.json", result.gradescope())
     print(f"{result.score:g}/{result.max_score:g} -> {out / 'results.json'}")

@@ -20,28 +20,31 @@ import time
 __all__ = ["adopt_orphans", "adopted", "descendants", "sweep"]
 
 _PR_SET_CHILD_SUBREAPER = 36
-_adopted = False
+_adopted_by = 0  # the process that is a subreaper (a fork is not: the kernel clears it, and this with the pid)
 
 
 def adopt_orphans() -> bool:
     """Make this process the subreaper of its descendants; whether it is now (False off Linux)."""
-    global _adopted
-    if not _adopted and os.path.isdir("/proc/self"):
+    global _adopted_by
+    if _adopted_by != os.getpid() and os.path.isdir("/proc/self"):
         try:
             libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-            _adopted = libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0:
+                _adopted_by = os.getpid()
         except (OSError, AttributeError):
-            _adopted = False
-    return _adopted
+            pass
+    return adopted()
 
 
 def adopted() -> bool:
     """Whether ``adopt_orphans`` made this process a subreaper (only then can ``sweep`` find every process)."""
-    return _adopted
+    return _adopted_by == os.getpid()
 
 
-def descendants(pid: int | None = None) -> list[int]:
-    """The live (not zombie) descendants of ``pid`` (default: this process), read from ``/proc``."""
+def descendants(pid: int | None = None, spare: frozenset[int] = frozenset(), include_zombies: bool = False
+                ) -> list[int]:
+    """The live descendants of ``pid`` (default: this process), read from ``/proc`` (zombies too with
+    ``include_zombies``); none of ``spare`` nor of its descendants."""
     root = os.getpid() if pid is None else pid
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -52,18 +55,20 @@ def descendants(pid: int | None = None) -> list[int]:
                 fields = fh.read().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue  # gone meanwhile
-        if fields and fields[0] != b"Z":
+        if fields and (include_zombies or fields[0] != b"Z"):
             children.setdefault(int(fields[1]), []).append(int(entry))
     found, todo = [], [root]
     while todo:
         for child in children.get(todo.pop(), ()):
-            found.append(child)
-            todo.append(child)
+            if child not in spare:
+                found.append(child)
+                todo.append(child)
     return found
 
 
-def sweep(seconds: float = 10.0) -> int:
-    """Kill every descendant of this process and reap the children among them; how many were killed.
+def sweep(spare: frozenset[int] = frozenset(), seconds: float = 10.0) -> int:
+    """Kill every descendant of this process but ``spare`` (what ran before the submission: take
+    ``frozenset(descendants())`` first) and their own, reap the children among them; how many were killed.
 
     Passes repeat until none is left (a process forking as it dies is found on the next pass), for at most
     ``seconds``; RuntimeError when processes remain after that, so no result is written beside them.
@@ -71,8 +76,8 @@ def sweep(seconds: float = 10.0) -> int:
     killed: set[int] = set()
     deadline = time.monotonic() + seconds
     while True:
-        _reap()
-        alive = descendants()
+        _reap(spare)
+        alive = descendants(spare=spare)
         if not alive:
             break
         if time.monotonic() > deadline:
@@ -84,7 +89,7 @@ def sweep(seconds: float = 10.0) -> int:
             except (ProcessLookupError, PermissionError):
                 pass
         time.sleep(0.01)
-    for pid in killed:  # dead now, each a zombie of ours until reaped: never left to an init that may not reap
+    for pid in killed - spare:  # dead now, each a zombie of ours until reaped: never left to an init that may not reap
         try:
             os.waitpid(pid, 0)
         except ChildProcessError:
@@ -92,12 +97,11 @@ def sweep(seconds: float = 10.0) -> int:
     return len(killed)
 
 
-def _reap() -> None:
-    """Collect every child of this process that has exited (the adopted ones no one else waits for)."""
-    while True:
+def _reap(spare: frozenset[int]) -> None:
+    """Collect the children of this process that have exited (the adopted ones no one else waits for), but
+    those another part of the process waits for (``spare``)."""
+    for pid in set(descendants(include_zombies=True)) - spare:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
+            pass  # not a child of ours (a grandchild): its parent reaps it, or it is adopted and reaped later
