@@ -23,3 +23,17 @@ make_samples = _module.make_samples
 OVERLAYS = _module.OVERLAYS
 make_hostile = _module.make_hostile
 HOSTILE = _module.HOSTILE
+
+
+def published(folder: Path, overlay: str = "") -> Path:
+    """A correct submission folder in the published layout: the reference's two files, with ``overlay``
+    appended to scheduler_sim.py."""
+    import pytest_cbatch.reference.scheduler_faults as reference_faults
+    import pytest_cbatch.reference.scheduler_sim as reference_sim
+
+    folder.mkdir(parents=True)
+    (folder / "scheduler_sim.py").write_text(Path(reference_sim.__file__).read_text(encoding="utf-8") + overlay,
+                                             encoding="utf-8")
+    (folder / "scheduler_faults.py").write_text(Path(reference_faults.__file__).read_text(encoding="utf-8"),
+                                                encoding="utf-8")
+    return folder

@@ -13,8 +13,8 @@ import re
 from pathlib import Path
 
 import pytest
+from grading_samples import published
 
-import pytest_cbatch.reference.scheduler_faults as reference_faults
 import pytest_cbatch.reference.scheduler_sim as reference_sim
 from pytest_cbatch.grading.driver import discover, gradescope_submission
 from pytest_cbatch.grading.evaluate import Submission, grade_implementation, grade_submission
@@ -27,17 +27,6 @@ from pytest_cbatch.sandbox.files import SubmissionRefused, copy_submission
 
 TOKEN = "SECRET_TOKEN_4242"
 MARK = "zq-secret"
-
-
-def _published(folder: Path, overlay: str = "") -> Path:
-    """A submission folder in the published layout: the reference's two files (a correct scheduler), with
-    ``overlay`` appended to scheduler_sim.py."""
-    folder.mkdir(parents=True)
-    (folder / "scheduler_sim.py").write_text(Path(reference_sim.__file__).read_text(encoding="utf-8") + overlay,
-                                             encoding="utf-8")
-    (folder / "scheduler_faults.py").write_text(Path(reference_faults.__file__).read_text(encoding="utf-8"),
-                                                encoding="utf-8")
-    return folder
 
 
 def _rubric(tmp_path: Path, grading: str = "", hidden: str = ""):
@@ -117,7 +106,7 @@ def test_a_folder_whose_module_is_a_link_is_refused(tmp_path: Path) -> None:
 
 def test_gradescope_refuses_a_submission_folder_that_is_a_link(tmp_path: Path) -> None:
     (tmp_path / "root").mkdir()
-    _published(tmp_path / "elsewhere")
+    published(tmp_path / "elsewhere")
     (tmp_path / "root" / "submission").symlink_to(tmp_path / "elsewhere")
     sub = gradescope_submission(tmp_path / "root")
     assert sub.refused and "symbolic link" in sub.refused
@@ -141,7 +130,7 @@ def simulate(events, **config):
 
 def test_links_inside_a_folder_are_left_out_of_the_copy_and_named(tmp_path: Path) -> None:
     secret = _secret(tmp_path)
-    folder = _published(tmp_path / "mallory", "\n_published_simulate = simulate\n" + LINK_READER)
+    folder = published(tmp_path / "mallory", "\n_published_simulate = simulate\n" + LINK_READER)
     (folder / "outside.txt").symlink_to(secret)                      # a file outside the submission
     (folder / "step.txt").symlink_to(secret)
     (folder / "chain.txt").symlink_to(folder / "step.txt")           # a chain of links
@@ -235,7 +224,7 @@ def test_a_hidden_trace_a_submission_remembers_reaches_no_student_visible_output
                      f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\n')
     plan = build_plan(rubric)
     assert plan.counts()["hidden"] == 1
-    folder = _published(tmp_path / "remembers", REMEMBERS)
+    folder = published(tmp_path / "remembers", REMEMBERS)
     sub = Submission("remembers", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
     # Even in the child that answers the visible tests, the hidden workloads run after every visible test
     # (lifecycle and numerics included), so nothing it remembers of them has a visible call left to show in:
@@ -275,7 +264,7 @@ def simulate(events, **config):
 def test_a_failure_on_a_hidden_workload_goes_to_the_instructor_only(tmp_path: Path, reveal: str) -> None:
     rubric = _rubric(tmp_path, 'parts = ["scheduler"]\n',
                      f'[hidden]\ntraces = "{_hidden_folder(tmp_path).name}"\nreveal = "{reveal}"\n')
-    folder = _published(tmp_path / "fails_hidden", FAILS_HIDDEN)
+    folder = published(tmp_path / "fails_hidden", FAILS_HIDDEN)
     sub = Submission("fails_hidden", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
     out = tmp_path / "out"
     out.mkdir()

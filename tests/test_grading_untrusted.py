@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
+from grading_samples import published
 from class_grading import verdicts
 
-import pytest_cbatch.reference.scheduler_faults as reference_faults
-import pytest_cbatch.reference.scheduler_sim as reference_sim
 from pytest_cbatch import untrusted
 from pytest_cbatch.grading import driver
 from pytest_cbatch.grading.driver import discover
@@ -35,16 +34,6 @@ from pytest_cbatch.sandbox import LoadSpec, bwrap_problem, reaper, submission_fi
 RUBRIC = ('[grading]\ngenerated_examples = 0\nparts = ["scheduler"]\n[limits]\ncall_seconds = 60\n'
           'max_failures = 1\n[tests]\n"contract.*" = { points = 1 }\n')
 FULL = 34  # the contract clauses, a point each
-
-
-def _published(folder: Path, overlay: str = "") -> Path:
-    """A correct submission in the published layout (the reference's two files), ``overlay`` appended."""
-    folder.mkdir(parents=True)
-    (folder / "scheduler_sim.py").write_text(Path(reference_sim.__file__).read_text(encoding="utf-8") + overlay,
-                                             encoding="utf-8")
-    (folder / "scheduler_faults.py").write_text(Path(reference_faults.__file__).read_text(encoding="utf-8"),
-                                                encoding="utf-8")
-    return folder
 
 
 def _rubric(root: Path, text: str = RUBRIC):
@@ -145,7 +134,7 @@ def _hostile_class(root: Path) -> Path:
     subs = root / "subs"
     subs.mkdir(parents=True)
     for raw, overlay in NAMES.items():
-        folder = _published(subs / raw, overlay)
+        folder = published(subs / raw, overlay)
         if raw == "caf\udce9":
             (folder / "notes\udcff.txt").write_bytes(b"a file named with invalid UTF-8\n")
     (subs / "grading.json.py").write_text("def simulate(events, **config):\n    raise ValueError('no')\n",
@@ -160,7 +149,7 @@ def _hostile_class(root: Path) -> Path:
                 fh.truncate(8 << 30)
         else:
             os.mkfifo(subs / name / "cbatch.toml")
-    _published(subs / "nested" / "inner")  # handed in inside a folder of its own
+    published(subs / "nested" / "inner")  # handed in inside a folder of its own
     return subs
 
 
@@ -287,7 +276,7 @@ def _hidden(folder: Path, first_id: str) -> Path:
 @pytest.mark.parametrize("reveal", ["outcome", "clauses"])
 def test_a_student_learns_one_bit_of_the_hidden_workloads_by_default(tmp_path: Path, reveal: str) -> None:
     rubric_path = _rubric(tmp_path, RUBRIC + f'"{HIDDEN_TEST}" = {{ points = 5 }}\n[hidden]\nreveal = "{reveal}"\n')
-    folder = _published(tmp_path / "leaker", LEAKER)
+    folder = published(tmp_path / "leaker", LEAKER)
     sub = Submission("leaker", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
     seen = []
     for number, first_id in enumerate(("hx\x01", "hx\x02")):  # two hidden traces differing in one byte of an id
@@ -350,7 +339,7 @@ def _daemon_alive(pidfile: Path) -> bool:
 def test_a_process_the_submission_leaves_behind_dies_before_its_results_are_written(tmp_path: Path) -> None:
     subs, out, pidfile = tmp_path / "subs", tmp_path / "out", tmp_path / "daemon.pid"
     subs.mkdir()
-    _published(subs / "forger", DAEMON.format(target=str(out / "forger" / "results.json"), pidfile=str(pidfile)))
+    published(subs / "forger", DAEMON.format(target=str(out / "forger" / "results.json"), pidfile=str(pidfile)))
     assert grade_main([str(subs), "--out", str(out), "--rubric", str(_rubric(tmp_path)), "--jobs", "1",
                        "--sandbox", "process", "--quiet"]) == 0
     assert pidfile.exists()  # the daemon did start, outside the child's session
@@ -390,7 +379,7 @@ def test_the_sweep_finds_a_double_forked_setsid_process(tmp_path: Path) -> None:
 
 def _gradescope_root(tmp_path: Path, overlay: str = "") -> Path:
     root = tmp_path / "autograder"
-    _published(root / "submission", overlay)
+    published(root / "submission", overlay)
     (root / "results").mkdir()
     return root
 
@@ -443,7 +432,7 @@ def test_the_hidden_child_and_the_graders_work_share_the_submissions_time(tmp_pa
     text = RUBRIC.replace("call_seconds = 60", "call_seconds = 5\nsubmission_seconds = 2")
     rubric = load_rubric(_rubric(tmp_path, text + f'"{HIDDEN_TEST}" = {{ points = 5 }}\n'))
     plan = build_plan(rubric, _hidden(tmp_path / "hidden", "hx1"))
-    folder = _published(tmp_path / "slow", SLOW)
+    folder = published(tmp_path / "slow", SLOW)
     sub = Submission("slow", str(folder), LoadSpec(str(folder), submission_files(str(folder))))
     out = tmp_path / "out"
     out.mkdir()
@@ -466,7 +455,7 @@ def _dies_on_one(submission, rubric, plan, out_dir, sandbox):
 def test_a_worker_killed_for_memory_costs_only_its_own_submission(tmp_path: Path) -> None:
     subs = tmp_path / "subs"
     for name in ("alice", "bob", "carol", "hog"):
-        _published(subs / name)
+        published(subs / name)
     rubric = load_rubric(_rubric(tmp_path))
     plan = build_plan(rubric)
     found = discover(subs)
@@ -483,7 +472,7 @@ def test_on_a_ray_worker_a_hostile_name_is_graded_under_the_name_it_has_on_the_d
     from pytest_cbatch.grading.shards import kit_version
 
     subs = tmp_path / "subs"
-    folder = _published(subs / "caf\udce9 =x")
+    folder = published(subs / "caf\udce9 =x")
     (folder / "notes\udcff.txt").write_bytes(b"a file named with invalid UTF-8\n")
     (sub,) = discover(subs)
     assert sub.name == "caf%E9%20%3Dx"

@@ -47,7 +47,7 @@ from .evaluate import Submission, apply_rubric, grade_submission, unjudged
 from .manifest import MANIFEST, ManifestError, read_manifest
 from .plan import Plan, build_plan
 from .progress import HEARTBEAT_SECONDS, Progress
-from .results import SubmissionResult, TestResult, write_json, write_summary
+from .results import SubmissionResult, write_json, write_summary
 from .rubric import Rubric, load_rubric
 from .shards import RECORD, MergeError, RunRecord, kit_version, merge, parse_shard, plan_fingerprint, \
     rubric_fingerprint, shard_of
