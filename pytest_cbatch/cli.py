@@ -36,15 +36,31 @@ def _simulate(argv: list[str]) -> int:
     return sim_main(argv, prog="cbatch simulate")
 
 
-def _check_parser() -> argparse.ArgumentParser:
+_CHECK_DESCRIPTION = (
+    "Check a scheduler against the contract: run an implementation on a trace (--impl), or check a report "
+    "recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is violated or nothing was "
+    "judged, 2 on bad input.")
+_EXPLAIN_DESCRIPTION = (
+    "Draw one checked run as a self-contained HTML page (--html OUT, required): a lane per request, the KV pages, "
+    "each violation marked. The run is cbatch check's: an implementation on a trace (--impl) or a recorded report "
+    "(--report), with the same options; the clauses are judged and printed as cbatch check prints them, with the "
+    "same exit status.")
+_EXPLAIN_EPILOG = (
+    "A lifecycle part instead: cbatch explain --impl SPEC --lifecycle PART --html OUT [--examples N] "
+    "[--timeout SECONDS] judges PART (allocator, recompute or transfer) and draws each failing clause's steps "
+    "(see cbatch explain --lifecycle PART --help).")
+
+
+def _check_parser(prog: str = "cbatch check") -> argparse.ArgumentParser:
+    """The options of ``cbatch check``; for ``cbatch explain`` (``prog``), its own description and a required
+    ``--html``."""
     from .bounded import DEFAULT_MEMORY_MIB, DEFAULT_SECONDS
     from .reference.scheduler_sim import DEFAULT_CONFIG
 
+    explain = prog == "cbatch explain"
     parser = argparse.ArgumentParser(
-        prog="cbatch check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Check a scheduler against the contract: run an implementation on a trace (--impl), or check "
-                    "a report recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is "
-                    "violated or nothing was judged, 2 on bad input.")
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=_EXPLAIN_DESCRIPTION if explain else _CHECK_DESCRIPTION, epilog=_EXPLAIN_EPILOG if explain else None)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--impl", metavar="SPEC", help="run this implementation (same SPEC forms as --cbatch-impl)")
     source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything "
@@ -77,8 +93,11 @@ def _check_parser() -> argparse.ArgumentParser:
                              "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
                              "narrow what is judged (without it they are schema_valid violations and every clause "
                              "is judged)")
-    parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane per "
-                        "request, the KV pages, each violation marked (open it in a browser)")
+    if explain:
+        parser.add_argument("--html", metavar="OUT", required=True, help="the page to write (open it in a browser)")
+    else:
+        parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane "
+                            "per request, the KV pages, each violation marked (cbatch explain does only that)")
     return parser
 
 
@@ -161,8 +180,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
     from .spelling import unknown_name
     from .workloads import BASE_CONFIG
 
-    parser = _check_parser()
-    parser.prog = prog
+    parser = _check_parser(prog)
     args = parser.parse_args(argv)
     wanted = args.clause or None
     opt_in = OPT_IN_CLAUSES if args.course else ()
