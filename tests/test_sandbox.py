@@ -66,12 +66,15 @@ def test_a_broken_call_is_a_clear_failure_and_the_next_call_gets_a_fresh_child(
     out = run_demo(impl)
     failure = out.stopped if words.startswith("did not answer") else out.broken  # a hang is a stop
     assert out.report is None and words in failure, out
+    if out.stopped:  # what the run did, as every stop reads: "the run was stopped: it did not answer ..."
+        assert out.stopped.startswith("did not answer"), out.stopped
     first_generation = impl.sandbox.generation
     again = run_demo(impl)  # a fresh child: same failure, not a stale or dead channel
     assert words in (again.stopped if words.startswith("did not answer") else again.broken)
     assert impl.sandbox.generation == first_generation + 1
     third = run_demo(impl)  # the breaker: max_failures=2 in a row, so this one fails at once
-    assert third.broken.startswith("not run:") and words in third.broken
+    assert third.broken.startswith("not run: the last 2 simulate calls of the submission all failed"), third.broken
+    assert words in third.broken
     impl.close()
 
 
