@@ -27,6 +27,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from .words import counted
+
 __all__ = ["main"]
 
 
@@ -133,7 +135,7 @@ def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) 
     from .runner import Judge
 
     trace = _raw_trace(args.trace) if args.trace else demo_trace()
-    print(f"trace: {args.trace or 'the built-in demo trace'} ({len(trace)} lines, not validated: "
+    print(f"trace: {args.trace or 'the built-in demo trace'} ({counted(len(trace), 'line')}, not validated: "
           f"invalid input is the point)")
     result = Judge(impl).judge_refusal(trace, config)
     for v in result.violations:
@@ -228,8 +230,8 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
                                                      option="--impl"),
                                   {**BASE_CONFIG, **given})
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
-        trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
-            f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
+        trace_name = f"{args.trace} ({counted(len(trace), 'line')})" if args.trace else \
+            f"the built-in demo trace ({counted(len(trace), 'line')}; cbatch simulate prints its report)"
         if args.report:
             try:
                 with open(args.report, "rb") as fh:
@@ -299,15 +301,15 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
         print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
               if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
                                   f"check it alone with --clause invalid_input_refused)")
-    counted = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+    scope = f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
     if failed:
-        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
+        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({scope}) violated: {', '.join(failed)}")
         return 1
     if not checked:
-        print(f"FAILED: nothing judged: none {counted} was judged on this trace (the skip lines above say why); "
+        print(f"FAILED: nothing judged: none {scope} was judged on this trace (the skip lines above say why); "
               f"a run that judged nothing proves nothing")
         return 1
-    print(f"OK: all {len(checked)} clauses judged ({counted}) hold")
+    print(f"OK: all {len(checked)} clauses judged ({scope}) hold")
     return 0
 
 
@@ -329,7 +331,7 @@ def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report
                  f"all {len(checked)} clauses checked hold")
     rest = [a for i, a in enumerate(argv) if a != "--html" and not a.startswith("--html=")
             and (i == 0 or argv[i - 1] != "--html")]
-    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{len(trace)} trace lines, {statement}",
+    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{counted(len(trace), 'trace line')}, {statement}",
                          report=report if isinstance(report, dict) else None, violations=violations, trace=trace,
                          replay="cbatch check " + " ".join(shlex.quote(a) for a in rest))
     with open(out, "w", encoding="utf-8") as fh:
