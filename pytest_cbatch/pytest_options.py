@@ -16,8 +16,10 @@ def add_options(parser: pytest.Parser) -> None:
     """Register the --cbatch-* options and cbatch_* ini keys (the plugin's ``pytest_addoption``)."""
     group = parser.getgroup("cbatch", "pytest-cbatch: scheduler conformance")
     group.addoption("--cbatch-impl", metavar="SPEC", default=None,
-                    help="implementation under test: reference | ENTRY_POINT | package.module:attr | "
-                         "path/to/file.py:attr | exec:COMMAND (ini: cbatch_impl)")
+                    help="implementation under test: reference | NAME (an installed entry point; cbatch impls "
+                         "lists them) | http://HOST:PORT[/v1] | exec:COMMAND | path/to/file.py[:attr] | "
+                         "package.module[:attr] | path/to/folder/ (the course's layout) (ini: cbatch_impl; "
+                         "docs/running.md#spec-forms)")
     group.addoption("--cbatch-profile", choices=PROFILES, default=None,
                     help="hypothesis profile: ci (derandomized, the default; same examples for everyone), "
                          "dev (random, remembers failures), thorough (10x examples) (ini: cbatch_profile)")

@@ -537,3 +537,13 @@ def test_summary_counts_agree_with_pytest_for_lifecycle_alone(pytester: pytest.P
     result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-k", "test_lifecycle", *lifecycle_profile)
     outcomes = result.parseoutcomes()
     result.stdout.fnmatch_lines([f"*by part: *lifecycle {outcomes['passed']} passed*"])
+
+
+def test_help_lists_every_spec_form(pytester: pytest.Pytester) -> None:
+    """pytest --help names every SPEC form the kinds registry resolves, and a NAME (an entry point)."""
+    from pytest_cbatch.impls import available_kinds
+
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    forms = [kind.form for _, kind in available_kinds() if kind.form]
+    assert forms and "reference | NAME" in text
+    assert [form for form in forms if form not in text] == [], text[text.index("--cbatch-impl"):][:600]
