@@ -51,6 +51,31 @@ class UnknownReleaseRegistersPool(PagedKV):
         return []
 
 
+class PinHandoffPool(PagedKV):
+    """release() hands a page a pin holds over to that pin, and the last unpin() frees it, though a fork of
+    the released owner still maps it (the page is then handed out again under the fork)."""
+
+    def __init__(self, capacity: int, block_size: int) -> None:
+        super().__init__(capacity, block_size)
+        self.handed: set[int] = set()
+
+    def release(self, owner: str) -> None:
+        self.handed |= {page for page in self.tables.get(owner, ()) if self.pages[page].pins}
+        super().release(owner)
+
+    def unpin(self, name: str) -> None:
+        super().unpin(name)
+        for page in sorted(self.handed):
+            if page in self.pages and not self.pages[page].pins:
+                self.pages[page].owners.clear()  # the bug: the fork's owners are forgotten
+                self._collect(page)
+
+    def _collect(self, page_id: int) -> None:
+        super()._collect(page_id)
+        if page_id not in self.pages:
+            self.handed.discard(page_id)
+
+
 # ------------------------------------------------------------------- request
 
 
@@ -300,6 +325,7 @@ abort_any_reason = _namespace(TransferManager=AnyReasonManager)
 reads_in_flight = _namespace(TransferManager=EarlyReadManager)
 source_pin_leaks = _namespace(TransferManager=PinLeakManager)
 unknown_release_registers = _namespace(PagedKV=UnknownReleaseRegistersPool)
+unpin_frees_forked_page = _namespace(PagedKV=PinHandoffPool)
 preempted_uncounted = _namespace(RecomputeRequest=UncountedPreemptRequest)
 abort_forgets_reason = _namespace(TransferManager=ForgottenReasonManager)
 destination_unpinned = _namespace(TransferManager=UnpinnedDestinationManager)
@@ -324,6 +350,7 @@ BROKEN: dict[str, tuple[SimpleNamespace, str]] = {
     "reads_in_flight": (reads_in_flight, "lifecycle.unpublished_unreadable"),
     "source_pin_leaks": (source_pin_leaks, "lifecycle.drain_frees"),
     "unknown_release_registers": (unknown_release_registers, "lifecycle.owner_names"),
+    "unpin_frees_forked_page": (unpin_frees_forked_page, "lifecycle.pin_retains"),
     "preempted_uncounted": (preempted_uncounted, "lifecycle.request_events"),
     "abort_forgets_reason": (abort_forgets_reason, "lifecycle.transfer_records"),
     "destination_unpinned": (destination_unpinned, "lifecycle.begin_rollback"),

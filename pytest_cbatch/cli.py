@@ -27,6 +27,8 @@ import os
 import sys
 from typing import Any, Sequence
 
+from .words import counted
+
 __all__ = ["main"]
 
 
@@ -36,15 +38,31 @@ def _simulate(argv: list[str]) -> int:
     return sim_main(argv, prog="cbatch simulate")
 
 
-def _check_parser() -> argparse.ArgumentParser:
+_CHECK_DESCRIPTION = (
+    "Check a scheduler against the contract: run an implementation on a trace (--impl), or check a report "
+    "recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is violated or nothing was "
+    "judged, 2 on bad input.")
+_EXPLAIN_DESCRIPTION = (
+    "Draw one checked run as a self-contained HTML page (--html OUT, required): a lane per request, the KV pages, "
+    "each violation marked. The run is cbatch check's: an implementation on a trace (--impl) or a recorded report "
+    "(--report), with the same options; the clauses are judged and printed as cbatch check prints them, with the "
+    "same exit status.")
+_EXPLAIN_EPILOG = (
+    "A lifecycle part instead: cbatch explain --impl SPEC --lifecycle PART --html OUT [--examples N] "
+    "[--timeout SECONDS] judges PART (allocator, recompute or transfer) and draws each failing clause's steps "
+    "(see cbatch explain --lifecycle PART --help).")
+
+
+def _check_parser(prog: str = "cbatch check") -> argparse.ArgumentParser:
+    """The options of ``cbatch check``; for ``cbatch explain`` (``prog``), its own description and a required
+    ``--html``."""
     from .bounded import DEFAULT_MEMORY_MIB, DEFAULT_SECONDS
     from .reference.scheduler_sim import DEFAULT_CONFIG
 
+    explain = prog == "cbatch explain"
     parser = argparse.ArgumentParser(
-        prog="cbatch check", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-        description="Check a scheduler against the contract: run an implementation on a trace (--impl), or check "
-                    "a report recorded elsewhere (--report). Exit 0 when every clause judged holds, 1 when one is "
-                    "violated or nothing was judged, 2 on bad input.")
+        prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description=_EXPLAIN_DESCRIPTION if explain else _CHECK_DESCRIPTION, epilog=_EXPLAIN_EPILOG if explain else None)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--impl", metavar="SPEC", help="run this implementation (same SPEC forms as --cbatch-impl)")
     source.add_argument("--report", metavar="JSON", help="check a recorded report instead of running anything "
@@ -77,8 +95,11 @@ def _check_parser() -> argparse.ArgumentParser:
                              "registered with the kit, so its 'observed', 'time_unit' and 'server.ignore_eos' "
                              "narrow what is judged (without it they are schema_valid violations and every clause "
                              "is judged)")
-    parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane per "
-                        "request, the KV pages, each violation marked (open it in a browser)")
+    if explain:
+        parser.add_argument("--html", metavar="OUT", required=True, help="the page to write (open it in a browser)")
+    else:
+        parser.add_argument("--html", metavar="OUT", help="also draw the run as a self-contained HTML page: a lane "
+                            "per request, the KV pages, each violation marked (cbatch explain does only that)")
     return parser
 
 
@@ -114,7 +135,7 @@ def _check_refusal(args: argparse.Namespace, impl: Any, config: dict[str, Any]) 
     from .runner import Judge
 
     trace = _raw_trace(args.trace) if args.trace else demo_trace()
-    print(f"trace: {args.trace or 'the built-in demo trace'} ({len(trace)} lines, not validated: "
+    print(f"trace: {args.trace or 'the built-in demo trace'} ({counted(len(trace), 'line')}, not validated: "
           f"invalid input is the point)")
     result = Judge(impl).judge_refusal(trace, config)
     for v in result.violations:
@@ -173,8 +194,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
     from .spelling import unknown_name
     from .workloads import BASE_CONFIG
 
-    parser = _check_parser()
-    parser.prog = prog
+    parser = _check_parser(prog)
     args = parser.parse_args(argv)
     wanted = args.clause or None
     opt_in = OPT_IN_CLAUSES if args.course else ()
@@ -227,8 +247,8 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
                                                      option="--impl"),
                                   {**BASE_CONFIG, **given})
         trace = load_trace(args.trace) if args.trace else validate_trace(demo_trace())
-        trace_name = f"{args.trace} ({len(trace)} lines)" if args.trace else \
-            f"the built-in demo trace ({len(trace)} lines; cbatch simulate prints its report)"
+        trace_name = f"{args.trace} ({counted(len(trace), 'line')})" if args.trace else \
+            f"the built-in demo trace ({counted(len(trace), 'line')}; cbatch simulate prints its report)"
         if args.report:
             try:
                 with open(args.report, "rb") as fh:
@@ -297,16 +317,16 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
         print(f"not judged from a recorded report: {', '.join(unjudged)} (they run the implementation: use --impl)"
               if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
                                   f"check it alone with --clause invalid_input_refused)")
-    counted = (f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
+    scope = (f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
                + (f" and {len(opt_in)} opt-in: {', '.join(opt_in)}" if opt_in else ""))
     if failed:
-        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({counted}) violated: {', '.join(failed)}")
+        print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({scope}) violated: {', '.join(failed)}")
         return 1
     if not checked:
-        print(f"FAILED: nothing judged: none {counted} was judged on this trace (the skip lines above say why); "
+        print(f"FAILED: nothing judged: none {scope} was judged on this trace (the skip lines above say why); "
               f"a run that judged nothing proves nothing")
         return 1
-    print(f"OK: all {len(checked)} clauses judged ({counted}) hold")
+    print(f"OK: all {len(checked)} clauses judged ({scope}) hold")
     return 0
 
 
@@ -335,7 +355,7 @@ def _draw(out: str, argv: Sequence[str], trace: Sequence[dict[str, Any]], report
                  f"all {len(checked)} clauses checked hold")
     rest = [a for i, a in enumerate(argv) if a != "--html" and not a.startswith("--html=")
             and (i == 0 or argv[i - 1] != "--html")]
-    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{len(trace)} trace lines, {statement}",
+    page = schedule_page(heading=f"cbatch explain: {statement}", lead=f"{counted(len(trace), 'trace line')}, {statement}",
                          report=report if isinstance(report, dict) else None, violations=violations, trace=trace,
                          replay="cbatch check " + " ".join(shlex.quote(a) for a in rest))
     with open(out, "w", encoding="utf-8") as fh:

@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 
 from . import untrusted
 from .contract import CLAUSES, RUNNER_CLAUSES, Violation
+from .words import counted
 
 __all__ = ["explain_failure", "replay_command", "stack_lines", "timeline", "trace_jsonl", "clause_statement"]
 
@@ -132,7 +133,7 @@ def explain_failure(
     lines += stack_lines(stack, stopped)
     lines.append(f"config: {json.dumps(dict(config))}")
     note = f", shrunk from {shrunk_from} lines" if shrunk_from and shrunk_from != len(trace) else ""
-    lines.append(f"trace ({len(trace)} lines{note}):")
+    lines.append(f"trace ({counted(len(trace), 'line')}{note}):")
     lines += ["  " + line for line in trace_jsonl(trace).splitlines()]
     if report is not None:
         involved = [v.request for v in violations if v.request]

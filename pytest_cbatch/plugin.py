@@ -90,15 +90,18 @@ def pytest_configure(config: pytest.Config) -> None:
     chosen = _config_overrides(config.getoption("cbatch_config") or config.getini("cbatch_config"))
     native = _engine_native(impl, chosen)
     hypothesis_profile = _load_hypothesis_profile(config, profile)  # global state: only once every setting is valid
-    redirected = False
+    redirected, collected = False, ""
     if _setting(config, "suite") == "auto" and config.args_source in (
         pytest.Config.ArgsSource.INVOCATION_DIR, pytest.Config.ArgsSource.TESTPATHS
     ):
-        config.args = [str(suite_dir())]
-        redirected = True
+        own = [] if config.getoption("cbatch_impl") else list(config.args)
+        config.args = [str(suite_dir()), *own]
+        redirected = not own
+        collected = (f"the conformance suite and this project's own tests ({', '.join(own)}), since cbatch_impl "
+                     f"comes from the ini" if own else "the conformance suite only (no paths given)")
     artifacts = Path(config.invocation_params.dir, _setting(config, "artifacts"))
     state = CbatchState(spec, impl, artifacts, hypothesis_profile, redirected, overrides={**native, **chosen},
-                        native=native, opt_in=opted_clauses(config))
+                        native=native, opt_in=opted_clauses(config), collected=collected)
     config.stash[_STATE] = state
     _configure_last_resort(config, enabled=timeout > 0 and not _faulthandler_timeout(config))
     config.pluginmanager.register(Reporter(state), "cbatch-reporter")
@@ -132,9 +135,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     state = _active(session.config)
-    if state is None or not state.redirected:
+    if state is None or not state.collected:
         return
-    if not any(is_suite_item(item) for item in session.items):
+    chose = session.config.option.keyword or session.config.option.markexpr
+    if not any(is_suite_item(item) for item in session.items) and (state.redirected or not chose):
         raise pytest.UsageError(
             "pytest-cbatch: --cbatch-impl is set but no conformance test was selected. Check -k/-m, and the "
             "python_functions ini setting (the suite's tests are named test_*)."

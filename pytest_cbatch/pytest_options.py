@@ -16,8 +16,10 @@ def add_options(parser: pytest.Parser) -> None:
     """Register the --cbatch-* options and cbatch_* ini keys (the plugin's ``pytest_addoption``)."""
     group = parser.getgroup("cbatch", "pytest-cbatch: scheduler conformance")
     group.addoption("--cbatch-impl", metavar="SPEC", default=None,
-                    help="implementation under test: reference | ENTRY_POINT | package.module:attr | "
-                         "path/to/file.py:attr | exec:COMMAND (ini: cbatch_impl)")
+                    help="implementation under test: reference | NAME (an installed entry point; cbatch impls "
+                         "lists them) | http://HOST:PORT[/v1] | exec:COMMAND | path/to/file.py[:attr] | "
+                         "package.module[:attr] | path/to/folder/ (the course's layout) (ini: cbatch_impl; "
+                         "docs/running.md#spec-forms)")
     group.addoption("--cbatch-profile", choices=PROFILES, default=None,
                     help="hypothesis profile: ci (derandomized, the default; same examples for everyone), "
                          "dev (random, remembers failures), thorough (10x examples) (ini: cbatch_profile)")
@@ -207,13 +209,8 @@ def _engine_native(impl: Any, chosen: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in declared.items() if k not in chosen}
 
 
-def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:
-    """Register the kit's profiles and load one, unless the user chose a hypothesis profile;
-    return a description of the profile in effect.
-
-    Loading explicitly matters: with CI set, hypothesis silently switches to its
-    own ``ci`` profile otherwise.
-    """
+def register_profiles() -> None:
+    """Register the kit's Hypothesis profiles ``cbatch-ci``, ``cbatch-dev`` and ``cbatch-thorough`` (PROFILES)."""
     from hypothesis import HealthCheck, settings
 
     slow = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
@@ -223,6 +220,18 @@ def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:
                               suppress_health_check=slow, stateful_step_count=50)
     settings.register_profile("cbatch-thorough", max_examples=1000, deadline=None, print_blob=True,
                               suppress_health_check=slow, stateful_step_count=50)
+
+
+def _load_hypothesis_profile(config: pytest.Config, profile: str) -> str:
+    """Register the kit's profiles and load one, unless the user chose a hypothesis profile;
+    return a description of the profile in effect.
+
+    Loading explicitly matters: with CI set, hypothesis silently switches to its
+    own ``ci`` profile otherwise.
+    """
+    from hypothesis import settings
+
+    register_profiles()
     chosen = config.getoption("hypothesis_profile", default=None)
     if chosen:
         return f"{chosen} (from --hypothesis-profile)"

@@ -32,6 +32,7 @@ class CbatchState:
     part_skips: dict[str, str] = field(default_factory=dict)            # suite part skipped whole -> why
     unjudged: dict[str, list[str]] = field(default_factory=dict)        # lifecycle clause -> parts that never reached it
     opt_in: tuple[str, ...] = ()                                        # opt-in clauses asked for (--cbatch-course)
+    collected: str = ""                                                 # what the plugin collects, when it chose
     _judge: Any = None
 
     @property

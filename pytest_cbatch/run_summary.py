@@ -43,6 +43,7 @@ class Reporter:
             f"cbatch: impl {state.impl.describe()}",
             f"cbatch: hypothesis profile {state.profile}; schema validator {validator_backend()}; "
             f"failing traces -> {state.artifacts}",
+            *([f"cbatch: collecting {state.collected}"] if state.collected else []),
         ]
 
     @pytest.hookimpl(tryfirst=True)

@@ -180,3 +180,18 @@ def test_invalid_input_refused_is_checked_alone(capsys) -> None:
     code, _, err = cbatch(capsys, "check", "--impl", "reference", "--clause", "invalid_input_refused",
                           "--clause", "completes")
     assert code == 2 and "checked alone" in err
+
+
+def test_explain_help_is_its_own(capsys) -> None:
+    """explain --help describes drawing a page (not checking), lists the lifecycle form, and its --html is
+    required rather than "also" drawn; check --help keeps its own."""
+    with pytest.raises(SystemExit):
+        main(["explain", "--help"])
+    explain = " ".join(capsys.readouterr().out.split())
+    assert "Check a scheduler against the contract" not in explain and "Draw one checked run" in explain
+    assert "--lifecycle PART" in explain and "--examples N" in explain
+    assert "also draw" not in explain and "--html OUT the page to write" in explain
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    check = " ".join(capsys.readouterr().out.split())
+    assert "Check a scheduler against the contract" in check and "--lifecycle" not in check

@@ -114,3 +114,16 @@ def test_readme_links_every_docs_page() -> None:
     linked = {(ROOT / link.partition("#")[0]).resolve() for link in _relative_links(README)}
     missing = [str(p.relative_to(ROOT)) for p in PAGES if p.parent != ROOT and p.name != "index.md" and p.resolve() not in linked]
     assert not missing, f"README.md's 'Where to go next' does not link: {missing}"
+
+
+def test_every_suggestion_of_n_auto_says_when_it_is_slower() -> None:
+    """`-n auto` is slower for a fast in-process scheduler: each page that suggests it says so."""
+    suggesting = {path: " ".join(text.split()) for path, text in PAGES.items() if "reference -n auto" in text}
+    assert suggesting
+    silent = [path.name for path, text in suggesting.items() if "for a fast in-process scheduler" not in text]
+    assert not silent, f"these pages suggest -n auto without saying it is slower for a fast scheduler: {silent}"
+
+
+def test_the_ci_page_quotes_no_test_count() -> None:
+    """The kit's test counts change every release; docs/ci.md points at the performance page instead."""
+    assert not re.search(r"\d[\d,]* passed", PAGES[DOCS / "ci.md"]), "docs/ci.md quotes a test count"

@@ -248,6 +248,27 @@ def test_a_rubric_without_the_lifecycle_part_scores_a_single_file_scheduler_in_f
     assert result.score == result.max_score == 2 * len(CONTRACT)
 
 
+def test_a_rubric_without_a_tests_table_gives_the_default_points(tmp_path: Path) -> None:
+    """docs/any-language.md's rubric (parts and no [tests]) scores like the default, never 0 / 0; a [tests]
+    table that gives no test any points is refused."""
+    path = tmp_path / "program.toml"
+    path.write_text('[grading]\nparts = ["scheduler"]\n', encoding="utf-8")
+    rubric = load_rubric(path)
+    assert rubric.rule_for("contract.completes").points == 2 and rubric.rule_for("lifecycle.key_fresh").points == 1
+    path.write_text('[grading]\nparts = ["scheduler"]\n[tests]\n"contract.*" = { points = 0 }\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"\[tests\] gives no test any points, so every score would be 0 / 0"):
+        load_rubric(path)
+
+
+def test_a_grade_worth_no_points_does_not_say_every_test_passed(tmp_path: Path) -> None:
+    path = tmp_path / "elsewhere.toml"
+    path.write_text('[grading]\ngenerated_examples = 0\nparts = ["scheduler"]\n[limits]\ncall_seconds = 120\n'
+                    '[tests]\n"lifecycle.*" = { points = 1 }\n', encoding="utf-8")
+    result = _grade_file(tmp_path, "solo", SOLO, load_rubric(path))
+    assert result.max_score == 0 and "every test passed" not in result.output
+    assert "score 0 / 0; no test here is worth any points (see the rubric's [tests] table)" in result.output
+
+
 def test_a_crash_keeps_every_test_in_the_total(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     rubric = _tiny_rubric(tmp_path, 'numerics_workloads = ["demo"]\n', numerics="auto")

@@ -8,6 +8,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,26 @@ def test_a_bundle_recreates_the_folder_links_kept_as_links(tmp_path: Path) -> No
     assert pack(discover(tmp_path / "there")[0]).digest() == bundle.digest()
     (folder / "pkg" / "util.py").write_text("X = 2\n")
     assert pack(sub).digest() != bundle.digest()
+
+
+def test_a_pytest_run_in_a_submission_leaves_its_digest_unchanged(tmp_path: Path) -> None:
+    """The student runs the kit in the folder before handing it in (a failing run: .cbatch-failures is written,
+    with pytest's cache): the digest that cbatch grade merge compares stays the same."""
+    folder = tmp_path / "src" / "carol"
+    folder.mkdir(parents=True)
+    (folder / "scheduler_sim.py").write_text(
+        "from pytest_cbatch.reference.scheduler_sim import simulate as _simulate\n\n\n"
+        "def simulate(trace, **config):\n    report = _simulate(trace, **config)\n"
+        "    report['summary']['dispatches'] += 1\n    return report\n")
+    (sub,) = discover(tmp_path / "src")
+    before = pack(sub).digest()
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "--cbatch-impl=scheduler_sim.py", "-k",
+                          "test_contract and demo and not serial", "--cbatch-profile=dev"],
+                         cwd=folder, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 1, run.stdout[-2000:] + run.stderr[-2000:]
+    written = {p.name for p in folder.iterdir()} - {"scheduler_sim.py"}
+    assert ".cbatch-failures" in written, written
+    assert pack(discover(tmp_path / "src")[0]).digest() == before, written
 
 
 def _folder(*entries: Entry, name: str = "bob", single: bool = False) -> Bundle:

@@ -190,6 +190,21 @@ def test_each_spec_form_fails_with_one_clear_line(tmp_path: Path, spec: str, mes
 
 
 def test_a_module_that_is_not_importable_names_the_import_error() -> None:
-    with pytest.raises(ImplementationError, match=r"^--cbatch-impl 'no_such_pkg_x:run': cannot import "
+    """The first line names the import error (the lines after it: the hint, see the next test)."""
+    with pytest.raises(ImplementationError, match=r"(?m)^--cbatch-impl 'no_such_pkg_x:run': cannot import "
                                                   r"'no_such_pkg_x': No module named 'no_such_pkg_x'$"):
         resolve_impl("no_such_pkg_x:run")
+
+
+def test_a_package_that_is_not_found_says_to_install_the_project(tmp_path: Path, monkeypatch) -> None:
+    """``No module named 'toyserve'`` for the SPEC's own package comes with the usual cause and the sys.path
+    searched; a module of it that imports a missing dependency gets no such hint."""
+    with pytest.raises(ImplementationError) as caught:
+        resolve_impl("toyserve_not_installed.adapter:Impl")
+    assert "No module named 'toyserve_not_installed'" in str(caught.value)
+    assert "is the project installed? pip install -e ." in str(caught.value) and "sys.path: " in str(caught.value)
+    (tmp_path / "needs_dep.py").write_text("import some_missing_dependency_xyz\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ImplementationError) as caught:
+        resolve_impl("needs_dep:simulate")
+    assert "some_missing_dependency_xyz" in str(caught.value) and "installed?" not in str(caught.value)

@@ -103,6 +103,14 @@ def test_a_passing_run_has_no_marker_colour_anywhere() -> None:
     assert "no clause violated" in page
 
 
+def test_a_one_line_trace_is_counted_in_the_singular() -> None:
+    from pytest_cbatch.reference.scheduler_sim import simulate
+
+    trace = [{"time": 0, "event": "arrival", "id": "a", "prompt_tokens": 2, "output_tokens": 1}]
+    page = schedule_page(heading="one", lead="x", report=simulate(trace), violations=[], trace=trace, replay="r")
+    assert "<h2>trace (1 line)</h2>" in page
+
+
 def test_values_from_the_judged_code_are_escaped_and_the_page_runs_nothing() -> None:
     trace = [{"time": 0, "event": "arrival", "id": HOSTILE, "prompt_tokens": 2, "output_tokens": 1}]
     report = {"time_unit": "synthetic_tick", "config": {"capacity": HOSTILE},

@@ -295,6 +295,26 @@ def test_suite_runs_despite_user_addopts_and_testpaths(pytester: pytest.Pytester
     assert not pytester.path.joinpath(".pytest_cache").exists()  # the user's addopts still applied
 
 
+def test_an_ini_implementation_keeps_the_projects_own_tests(pytester: pytest.Pytester) -> None:
+    """cbatch_impl in the project's ini: plain pytest runs the suite and the testpaths' tests, and says so in
+    its header; a -k that picks only the project's tests is no usage error."""
+    _project_with_testpaths(pytester)
+    pytester.makeini("[pytest]\naddopts = -p no:cacheprovider\ntestpaths = mytests\ncbatch_impl = reference\n")
+    result = run_contract(pytester, "-k", f"test_mine or ({DEMO})")
+    assert result.ret == OK, result.stdout.str() + result.stderr.str()
+    assert result.parseoutcomes()["passed"] == DEMO_CHECKS + 1, result.stdout.str()
+    result.stdout.fnmatch_lines(["cbatch: collecting the conformance suite and this project's own tests (mytests)*",
+                                 "mytests/test_mine.py .*"])
+    only_mine = run_contract(pytester, "-k", "test_mine")
+    assert only_mine.ret == OK and only_mine.parseoutcomes()["passed"] == 1, only_mine.stdout.str()
+
+
+def test_a_command_line_implementation_says_it_runs_the_suite_only(pytester: pytest.Pytester) -> None:
+    _project_with_testpaths(pytester)
+    result = run_contract(pytester, "--cbatch-impl=reference", "-k", DEMO)
+    result.stdout.fnmatch_lines(["cbatch: collecting the conformance suite only (no paths given)"])
+
+
 def test_explicit_paths_run_only_the_users_tests(pytester: pytest.Pytester) -> None:
     _project_with_testpaths(pytester)
     result = pytester.runpytest_subprocess("mytests", "--cbatch-impl=reference")
@@ -537,3 +557,13 @@ def test_summary_counts_agree_with_pytest_for_lifecycle_alone(pytester: pytest.P
     result = pytester.runpytest_subprocess("--cbatch-impl=reference", "-k", "test_lifecycle", *lifecycle_profile)
     outcomes = result.parseoutcomes()
     result.stdout.fnmatch_lines([f"*by part: *lifecycle {outcomes['passed']} passed*"])
+
+
+def test_help_lists_every_spec_form(pytester: pytest.Pytester) -> None:
+    """pytest --help names every SPEC form the kinds registry resolves, and a NAME (an entry point)."""
+    from pytest_cbatch.impls import available_kinds
+
+    text = " ".join(pytester.runpytest("--help").stdout.str().split())
+    forms = [kind.form for _, kind in available_kinds() if kind.form]
+    assert forms and "reference | NAME" in text
+    assert [form for form in forms if form not in text] == [], text[text.index("--cbatch-impl"):][:600]

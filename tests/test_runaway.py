@@ -353,7 +353,7 @@ def test_check_prints_the_crash_first_and_one_line_for_the_skips(capsys, tmp_pat
     code = cli.main(["check", "--impl", str(tmp_path / "crashy.py"), "--trace", str(trace)])
     lines = capsys.readouterr().out.splitlines()
     assert code == 1
-    assert lines[0] == f"trace: {trace} (1 lines)"
+    assert lines[0] == f"trace: {trace} (1 line)"
     assert lines[1].startswith("[completes] no report for a valid workload: KeyError"), lines
     where = f'crashy.py", line {line_of(tmp_path / "crashy.py", "return line")}, in _lookup'
     crash = next(i for i, line in enumerate(lines) if where in line)

@@ -66,6 +66,8 @@ def test_a_broken_call_is_a_clear_failure_and_the_next_call_gets_a_fresh_child(
     out = run_demo(impl)
     failure = out.stopped if words.startswith("did not answer") else out.broken  # a hang is a stop
     assert out.report is None and words in failure, out
+    if out.stopped:  # what the run did, as every stop reads: "the run was stopped: it did not answer ..."
+        assert out.stopped.startswith("did not answer"), out.stopped
     first_generation = impl.sandbox.generation
     again = run_demo(impl)  # a fresh child: same failure, not a stale or dead channel
     assert words in (again.stopped if words.startswith("did not answer") else again.broken)

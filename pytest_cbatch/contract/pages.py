@@ -14,6 +14,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from typing import Any, Iterator, Mapping
 
+from ..words import counted
 from .core import TERMINAL, ReportIndex, Replay, Violation, clause, next_state, short
 
 
@@ -141,8 +142,8 @@ def _pages_cover_rows(ix: ReportIndex, i: int, ev: dict[str, Any], replay: Repla
     for members in (replay.members["active"], replay.members["draining"]):
         for rid in sorted(underfed & members):
             need = -(-fed.get(rid, 0) // bs)
-            yield ix.violation(cid, f"has fed {fed.get(rid, 0)} rows, which need {need} pages; the snapshot "
-                                    f"shows {len(tables.get(rid, ()))}", rid, i)
+            yield ix.violation(cid, f"has fed {counted(fed.get(rid, 0), 'row')}, which need "
+                                    f"{counted(need, 'page')}; the snapshot shows {len(tables.get(rid, ()))}", rid, i)
     largest = ix.largest
     # Only a table that grew past its largest need, or that a request neither admitted nor draining shows,
     # can be at fault: look closer only when there is one.
@@ -323,7 +324,8 @@ def _no_leaked_pages(ix: ReportIndex) -> Iterator[Violation]:
                                     f"after that", rid, last)
     if (not releases or releases[-1] < last) and (snap["free_blocks"] != cap or held):
         owners = ", ".join(f"{rid}: {short(t)}" for rid, t in list(held.items())[:5])
-        yield ix.violation(cid, f"final snapshot after the last release: free_blocks {snap['free_blocks']} of {cap}"
+        after = "after the last release" if releases else "(the report releases nothing)"
+        yield ix.violation(cid, f"final snapshot {after}: free_blocks {snap['free_blocks']} of {cap}"
                                 + (f"; still held by {owners}" if held else ""), None, last)
 
 

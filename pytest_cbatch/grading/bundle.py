@@ -29,8 +29,11 @@ __all__ = ["Bundle", "BundleError", "Entry", "MAX_BUNDLE_BYTES", "pack", "plain_
 MAX_BUNDLE_BYTES = 64 << 20       # the sandbox copies no more of a submission folder than this
 MAX_ENTRIES = 10_000
 _MAX_PATH = 1024
-# The names the sandbox's own copy leaves out (sandbox.process._COPY_IGNORE), so they never travel.
-_SKIPPED = (".git", "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".venv")
+# Never packed, so never in a submission's digest: what tools write into a folder (a student's own pytest run
+# writes .cbatch-failures, .hypothesis, .pytest_cache and, with pytest-benchmark, .benchmarks there), which must
+# not make merge see another folder.
+_SKIPPED = (".git", "__pycache__", ".hypothesis", ".pytest_cache", ".benchmarks", ".cbatch-failures", "*.pyc",
+            ".venv")
 _KINDS = ("file", "dir", "link")
 
 

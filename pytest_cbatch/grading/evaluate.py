@@ -239,8 +239,9 @@ def _finish(name: str, rubric: Rubric, tests: list[TestResult], notes: list[str]
         extra["flags"] = list(flags)
     result = SubmissionResult(name, tests, "", time.monotonic() - start, extra=extra)
     failed = [t.name for t in tests if not t.passed and t.max_score]
-    notes.append(f"score {result.score:g} / {result.max_score:g}"
-                 + (f"; failed: {', '.join(failed)}" if failed else "; every test passed"))
+    verdict = (f"; failed: {', '.join(failed)}" if failed else "; every test passed" if result.max_score else
+               "; no test here is worth any points (see the rubric's [tests] table)")
+    notes.append(f"score {result.score:g} / {result.max_score:g}{verdict}")
     result.output = "\n".join(notes)
     return result
 

@@ -33,6 +33,10 @@ shipped ``default_rubric.toml``)::
     "contract.*" = { points = 2, visibility = "visible" }
     "lifecycle.*" = { points = 1 }
 
+A rubric without a ``[tests]`` table gives each test the shipped default's points
+(``default_rubric.toml``: contract 2, lifecycle 1, numerics 1, all visible); one whose
+rules give no test any points is refused (every score would be 0 / 0).
+
 Test names are ``contract.<clause>`` (part ``scheduler``), ``lifecycle.<clause>``
 (the lifecycle clause ids already start with ``lifecycle.``; part
 ``lifecycle``) and ``numerics.<check>.<dtype>`` (part ``numerics``).  Every
@@ -149,9 +153,26 @@ def load_rubric(path: str | Path | None = None) -> Rubric:
         hidden_traces=(base / traces) if traces is not None and base is not None else None,
         hidden_visibility=_visibility(hidden.get("visibility", "hidden"), f"{source}: [hidden].visibility"),
         hidden_reveal=hidden.get("reveal", "outcome"),
-        rules=tuple(_rule(pattern, value, source) for pattern, value in data.get("tests", {}).items()),
+        rules=_rules(data["tests"] if "tests" in data else _default_tests(), source),
         **grading,
     )
+
+
+def _default_tests() -> Mapping[str, Any]:
+    """The ``[tests]`` table of the shipped default rubric."""
+    text = resources.files(__package__).joinpath("default_rubric.toml").read_text(encoding="utf-8")
+    return tomllib.loads(text)["tests"]
+
+
+def _rules(tests: Any, source: str) -> tuple[TestRule, ...]:
+    """The rules of a ``[tests]`` table; ValueError when no rule gives any points (every score 0 / 0)."""
+    if not isinstance(tests, Mapping):
+        raise ValueError(f"{source}: [tests] must be a table, got {tests!r}")
+    rules = tuple(_rule(pattern, value, source) for pattern, value in tests.items())
+    if not any(rule.points for rule in rules):
+        raise ValueError(f"{source}: [tests] gives no test any points, so every score would be 0 / 0; give "
+                         f"points (\"contract.*\" = {{ points = 2 }}) or leave the table out for the default's")
+    return rules
 
 
 def _known(values: Mapping[str, Any], known: Sequence[str], where: str, what: str) -> None:

@@ -113,10 +113,22 @@ def _import_module(spec: str, name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ImplementationError(f"cannot import {name!r}: {exc}") from exc
+        raise ImplementationError(f"cannot import {name!r}: {exc}{_not_found_hint(name, exc)}") from exc
     except Exception as exc:  # the module itself is broken: still one clear usage error
         raise ImplementationError(f"importing {name!r} failed: "
                                   f"{type(exc).__name__}: {exc}") from exc
+
+
+def _not_found_hint(name: str, exc: ImportError) -> str:
+    """Where a module's own package was not found (the usual cause: a project that is not installed), what
+    to do and the sys.path searched; nothing for any other import error."""
+    missing = getattr(exc, "name", None)
+    if not isinstance(exc, ModuleNotFoundError) or not missing or name.split(".")[0] != missing.split(".")[0]:
+        return ""
+    shown = [entry or "(the current folder)" for entry in sys.path[:6]]
+    more = f", ... {len(sys.path) - 6} more" if len(sys.path) > 6 else ""
+    return (f"\n  is the project installed? pip install -e . in its checkout (or, for pytest, pythonpath = . in "
+            f"its ini)\n  sys.path: {', '.join(shown)}{more}")
 
 
 def _import_attr(spec: str, module: str, attr: str) -> Any:

@@ -8,8 +8,9 @@ transfer's destination owner and pins, exception messages, an emit index
 counted from 0 or 1, whether the source pin is dropped at completion or at
 output release, ValueError or a False return for a call in the wrong state,
 what release() of an unknown owner returns, records and pages as objects or
-mappings, terminal records kept or dropped, the value of retained_tokens, and
-further fields and kinds of event.  Each clause declares what its check reads
+mappings, terminal records kept or dropped, the value of retained_tokens, what
+a transfer's destination pages hold before complete() (placeholder rows, or
+none: nothing published reads them), and further fields and kinds of event.  Each clause declares what its check reads
 and compares (``LifecycleClause``).
 """
 
@@ -75,7 +76,8 @@ _CLAUSES = (
         "lifecycle.pool_views",
         "pool.tables lists exactly the live owners and pool.transfers the live pins, with the pages the operations "
         "imply (same id where a page is shared, a distinct id for every other page); each page's owners, pins and "
-        "tokens (pool.pages[id], as attributes or keys) match.",
+        "tokens (pool.pages[id], as attributes or keys) match, but for a transfer destination's tokens before "
+        "complete() publishes it (any rows, or none).",
         reads={"pool.tables": "pool.tables", "pool.transfers": "pool.transfers", "pool.pages": "pool.pages[id]",
                "pool.pages[id].owners": "owners", "pool.pages[id].pins": "pins", "pool.pages[id].tokens": "tokens"},
         compares={"set(pool.tables)": "the live owners", "set(pool.transfers)": "the live pins",
@@ -257,8 +259,8 @@ _CLAUSES = (
                   "set(pool.tables)": "changes nothing", "dict(manager.rooms)": "changes nothing"}),
     LifecycleClause(
         "lifecycle.begin_rollback",
-        "begin() pins the source's pages and reserves a destination owner holding the snapshot's rows under a pin of "
-        "its own (one new owner in pool.tables, two new pins in pool.transfers); it raises MemoryError exactly when "
+        "begin() pins the source's pages and reserves a destination owner with pages for the snapshot's rows under a "
+        "pin of its own (one new owner in pool.tables, two new pins in pool.transfers); it raises MemoryError exactly when "
         "the destination's pages cannot all be allocated, and then leaves no owner, pin, page or room behind.",
         reads={"pool.tables": "pool.tables", "pool.transfers": "pool.transfers", "pool.free": "no owner, pin, page",
                "manager.rooms": "or room behind"},

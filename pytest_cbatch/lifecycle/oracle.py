@@ -3,8 +3,9 @@
 It never imports or mirrors an implementation.  Pages are the oracle's own
 ids; a page lives while a table lists it or a pin holds it, so the free count
 is recomputed from the holders instead of refcounts.  Rows may be ``None``: a
-placeholder whose value the contract leaves open (a transfer destination
-before it is published).
+placeholder for a row of a transfer destination before complete() publishes
+it, where the contract leaves open what the page holds (placeholder rows, or
+nothing yet); the page counts, its rows are not compared.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+from ..words import counted
 from .draw import Pin, legend, schedule_svg
 from .markup import FIGURE, esc, note, number, page, side_by_side, verdict
 from .schedule import schedule_of
@@ -99,7 +100,7 @@ def schedule_page(*, heading: str, lead: str, report: Mapping[str, Any] | None, 
         lines.append(f"... {len(trace) - MAX_TRACE_LINES} more lines (in the replay file)")
     box = _violations_html(violations) if violations else verdict("no clause violated on this trace", ok=True)
     body = [f"<p>{esc(lead, 1000)}</p>", box, *_figure(report, violations),
-            f"<h2>trace ({len(trace)} lines)</h2><pre>{esc(chr(10).join(lines), 200_000)}</pre>",
+            f"<h2>trace ({counted(len(trace), 'line')})</h2><pre>{esc(chr(10).join(lines), 200_000)}</pre>",
             f"<h2>replay</h2><pre>{esc(replay, 4000)}</pre>"]
     if text:
         body.append(f"<details><summary>the failure text</summary><pre>{esc(text, MAX_TEXT)}</pre></details>")

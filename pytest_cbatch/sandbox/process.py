@@ -175,7 +175,7 @@ class Sandbox:
         except OSError as exc:
             os.close(p2c_w)
             os.close(c2p_r)
-            raise SandboxFailure("load", f"cannot start the {self.label}'s sandbox ({self.mode}): {exc}") from None
+            raise SandboxFailure("load", f"cannot start the sandbox of the {self.label} ({self.mode}): {exc}") from None
         finally:
             os.close(p2c_r)
             os.close(c2p_w)
@@ -199,7 +199,7 @@ class Sandbox:
         self.description = reply.get("ok")
         if not isinstance(self.description, dict):
             self.kill()
-            raise SandboxFailure("garbage", f"the {self.label}'s start-up reply is not a description: {reply!r:.200}")
+            raise SandboxFailure("garbage", f"the start-up reply of the {self.label} is not a description: {reply!r:.200}")
 
     def _command(self, work: str, home: str, fds: dict[str, int]
                  ) -> tuple[list[str], Any, str, dict[str, str]]:
@@ -304,11 +304,11 @@ class Sandbox:
     def _admit(self, family: str, generation: int | None) -> None:
         """Raise SandboxFailure if a request of ``family`` naming objects of ``generation`` cannot be made now."""
         if generation is not None and (self._proc is None or generation != self.generation):
-            raise SandboxFailure("died", f"the {self.label}'s objects are gone: its process was restarted after "
+            raise SandboxFailure("died", f"the objects of the {self.label} are gone: its process was restarted after "
                                          f"an earlier failure")
         recent = self._failures.get(family, [])
         if family != "simulate" and len(recent) >= self.limits.max_failures:
-            raise SandboxFailure("breaker", f"not run: the {self.label}'s last {len(recent)} {family} calls all "
+            raise SandboxFailure("breaker", f"not run: the last {len(recent)} {family} calls of the {self.label} all "
                                             f"failed (the last: {recent[-1]})")
         if self.seconds_used >= self.limits.submission_seconds:
             raise SandboxFailure("breaker", f"not run: the {self.label} used up its "

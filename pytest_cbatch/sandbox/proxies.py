@@ -92,6 +92,13 @@ class LiveChannel(Channel):
         return super().proxy(tag)
 
 
+def _what_it_did(message: str, label: str) -> str:
+    """A sandbox failure's message as what the run did ("did not answer within ..."), the form of every
+    ``Stopped`` message (a failure reads "the run was stopped: it did not answer ...")."""
+    subject = f"the {label} "
+    return message[len(subject):] if message.startswith(subject) else f"was stopped ({message})"
+
+
 class _RemoteSimulate:
     """``simulate`` in the child; marks the capability for ``unsupported_reason``."""
 
@@ -103,7 +110,7 @@ class _RemoteSimulate:
             reply = self.sandbox.request({"op": "simulate", "trace": trace, "config": config}, "simulate")
         except SandboxFailure as exc:
             if exc.kind == "timeout":  # a hang is a stop, as in process: never "output that is not JSON"
-                raise Stopped(str(exc), exc.stack) from None
+                raise Stopped(_what_it_did(str(exc), self.sandbox.label), exc.stack) from None
             if exc.kind == "breaker":  # never run: a workload not run is never one it ran on
                 raise NotRun(str(exc)) from None
             raise BrokenOutput(str(exc)) from None

@@ -194,7 +194,7 @@ class SearchChannel(RecordChannel):
         return reply
 
     def _gone(self) -> SandboxFailure:
-        return SandboxFailure("died", f"the {self.label}'s objects are gone: their example has ended")
+        return SandboxFailure("died", f"the objects of the {self.label} are gone: their example has ended")
 
     def _diverged(self, message: str) -> SearchDiverged:
         self.ended = SearchDiverged(message)
