@@ -318,7 +318,7 @@ def _check(argv: list[str], prog: str = "cbatch check") -> int:
               if args.report else f"not judged in this run: {', '.join(unjudged)} (its input is invalid on purpose: "
                                   f"check it alone with --clause invalid_input_refused)")
     scope = (f"of the {len(wanted)} clauses asked for" if wanted else f"of the contract's {len(ALL_CLAUSES)} clauses"
-               + (f" and {len(opt_in)} opt-in: {', '.join(opt_in)}" if opt_in else ""))
+             + (f" and {len(opt_in)} opt-in: {', '.join(opt_in)}" if opt_in else ""))
     if failed:
         print(f"FAILED: {len(failed)} of the {len(checked)} clauses judged ({scope}) violated: {', '.join(failed)}")
         return 1
