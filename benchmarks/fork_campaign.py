@@ -66,8 +66,8 @@ class Outcome:
 
 def _tripped(junit: Path) -> list[str]:
     """What the failing tests of a JUnit XML file name: clauses (``completes`` when the adapter stopped
-    or the engine raised), ``strict (test)`` for a stale expectation, ``other (test)`` for a failure
-    naming no clause; each with "xN" when N tests name it, most frequent first."""
+    or the engine raised), ``strict (test)`` for a stale expectation, ``other (test function)`` for a
+    failure naming no clause; each with "xN" when N tests name it, most frequent first."""
     counts: dict[str, int] = {}
     for case in ET.parse(junit).iter("testcase"):
         for bad in [*case.iter("failure"), *case.iter("error")]:
@@ -77,7 +77,7 @@ def _tripped(junit: Path) -> list[str]:
             else:
                 names = {m for m in _CLAUSE.findall(text) if m in KNOWN}
             if not names:
-                names.add(f"other ({case.get('name', '')})")
+                names.add(f"other ({case.get('name', '').split('[')[0]})")
             for name in names:
                 counts[name] = counts.get(name, 0) + 1
     return [name if n == 1 else f"{name} x{n}" for name, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
