@@ -8,11 +8,14 @@ Beyond the conformance suite (which skips every workload with release_delay
 other than 0, the suite's default), these tests run every fixed workload and
 generated traces at release_delay 0 and check that each violation is one of
 the two documented deviations of examples/vllm/cbatch-expect.toml, and that
-both really occur.
+both really occur.  They also run one-edit bugs of vLLM's scheduler (the fork
+campaign's edits, ``cbatch_vllm.fork_edits``) with vLLM's assertions stripped
+and check that each fails the clause that judges what it breaks.
 """
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,6 +27,9 @@ adapter = pytest.importorskip("cbatch_vllm.adapter", reason="the vLLM adapter is
 
 from engine_findings import unexplained  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
+from cbatch_vllm import engine, fork  # noqa: E402
+from cbatch_vllm.fork_edits import SCHEDULER, edit_named  # noqa: E402
+from cbatch_vllm.worker_view import WorkerView  # noqa: E402
 
 from pytest_cbatch import strategies  # noqa: E402
 from pytest_cbatch.contract import Violation, check_report  # noqa: E402
@@ -43,7 +49,7 @@ def _deviation(v: Violation, report: dict[str, Any], trace: list[dict[str, Any]]
     cfg = report["config"]
     if v.clause == "row_shape" and "exceeds prefill_chunk" in v.message and v.event_index is not None:
         snap = next(ev for ev in reversed(report["events"][:v.event_index]) if ev["event"] == "snapshot")
-        return "lone_prefill" if snap["active"] + snap["queued"] == 1 else None
+        return "lone_prefill" if len(snap["active"]) + len(snap["queued"]) == 1 else None
     line = next((x for x in trace if x["event"] == "arrival" and x["id"] == v.request), None)
     if line is None or line["prompt_tokens"] + line["output_tokens"] <= cfg["capacity"] * cfg["block_size"]:
         return None
@@ -159,3 +165,112 @@ def test_generated_traces_deviate_only_as_documented(workload: tuple[list[dict[s
     trace, config = workload
     config = {**config, "release_delay": 0}
     assert _unexplained(trace, config, set()) == []
+
+
+# -- what the workers see ------------------------------------------------------------------------------------
+
+
+def _cached(req_ids: list[str], new_block_ids: list[Any], resumed: set[str] = frozenset()) -> SimpleNamespace:
+    return SimpleNamespace(req_ids=req_ids, new_block_ids=new_block_ids, resumed_req_ids=set(resumed))
+
+
+def _output(new: list[tuple[str, list[int]]] = (), cached: SimpleNamespace | None = None, preempted: set[str] = (),
+            finished: set[str] = ()) -> SimpleNamespace:
+    return SimpleNamespace(scheduled_new_reqs=[SimpleNamespace(req_id=rid, block_ids=(ids,)) for rid, ids in new],
+                           scheduled_cached_reqs=cached or _cached([], []), preempted_req_ids=set(preempted),
+                           finished_req_ids=set(finished))
+
+
+def test_the_worker_view_builds_tables_as_the_model_runner_does() -> None:
+    view = WorkerView()
+    view.update(_output(new=[("a", [1, 2]), ("b", [3])]))
+    view.update(_output(cached=_cached(["a", "b"], [([4],), None])))
+    assert view.tables() == {"a": [1, 2, 4], "b": [3]}          # appended; None adds nothing
+    view.update(_output(preempted={"b"}))
+    assert view.tables() == {"a": [1, 2, 4]}                    # a preempted request's stale table is unused
+    view.update(_output(cached=_cached(["b"], [([5, 6],)], resumed={"b"})))
+    assert view.tables()["b"] == [5, 6]                         # resumed: the new blocks replace the table
+    view.update(_output(preempted={"a"}))
+    view.update(_output(cached=_cached(["a"], [([7, 8, 9],)])))  # resumed but not flagged so
+    assert view.tables()["a"] == [1, 2, 4, 7, 8, 9]             # the runner appends to its stale table
+    view.update(_output(finished={"a"}))
+    assert view.tables() == {"b": [5, 6]}
+
+
+def test_on_the_clean_engine_the_workers_tables_are_the_kv_cache_managers(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[dict[str, list[int]], dict[str, list[int]]]] = []
+    update = WorkerView.update
+
+    def compare(view: WorkerView, out: Any) -> None:
+        update(view, out)
+        sched = current[0]
+        running = {req.request_id for req in sched.running}
+        seen.append((view.tables(), {rid: ids for rid, ids in engine.held_blocks(sched).items() if rid in running}))
+
+    current: list[Any] = []
+    new_scheduler = engine.new_scheduler
+    monkeypatch.setattr(engine, "new_scheduler", lambda s: current.append(new_scheduler(s)) or current[-1])
+    monkeypatch.setattr(WorkerView, "update", compare)
+    for name in ("preempt_decode", "preempt_tight", "cancel_mid_prefill"):
+        current.clear()
+        _run(*ZERO_DELAY[name])
+    assert seen and all(worker == manager for worker, manager in seen)
+    assert any(len(worker) > 1 for worker, _ in seen)
+
+
+def test_token_indices_are_the_engines_output_positions() -> None:
+    trace, config = ZERO_DELAY["preempt_decode"]
+    report = _run(trace, config)
+    for rid, row in report["requests"].items():
+        indices = [ev["output_index"] for ev in report["events"] if ev["event"] == "token" and ev["id"] == rid]
+        assert indices == list(range(1, row["output_tokens"] + 1))
+
+
+def test_the_drain_snapshot_shows_the_engine_holding_nothing() -> None:
+    trace, config = ZERO_DELAY["cancel_mid_prefill"]
+    events = _run(trace, config)["events"]
+    last = events[-1]
+    assert last["event"] == "snapshot" and last["time"] == events[-2]["time"]
+    assert (last["active"], last["queued"], last["block_tables"], last["free_blocks"]) == ([], [], {},
+                                                                                           config["capacity"])
+
+
+# -- one-edit bugs of vLLM's scheduler -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def edited(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``edited(name)``: the adapter drives vLLM's scheduler with the campaign edit ``name`` applied
+    and vLLM's assertions stripped from the edited module (as ``python -O`` strips them)."""
+    def apply(name: str) -> None:
+        edit = edit_named(name)
+        assert edit.module == SCHEDULER
+        source = fork.apply(fork.module_file(SCHEDULER).read_text(encoding="utf-8"), edit)
+        monkeypatch.setattr(engine, "Scheduler", fork.load_module(SCHEDULER, source, strip_asserts=True).Scheduler)
+    return apply
+
+
+def _clauses(names: tuple[str, ...]) -> dict[str, set[str]]:
+    """The clauses each fixed workload in ``names`` fails at release_delay 0."""
+    return {name: {v.clause for v in check_report(_run(*ZERO_DELAY[name]), *ZERO_DELAY[name])} for name in names}
+
+
+@pytest.mark.parametrize("name, workloads, clause", [
+    # the runner appends the first resumed request's new blocks to its stale table: pages it no longer owns
+    ("resumed_flag_off_by_one", ("preempt_decode", "preempt_tight"), "pages_conserved"),
+    ("resumed_flag_off_by_one", ("preempt_decode", "preempt_tight"), "pages_cover_rows"),
+    # the aborted waiting request stays in Scheduler.requests: vLLM still holds a request that ended
+    ("abort_waiting_never_freed", ("demo_serial", "cancel_same_tick"), "snapshot_counts"),
+    # the aborted running request keeps its blocks to the end
+    ("abort_running_never_freed", ("demo", "cancel_mid_prefill"), "no_leaked_pages"),
+    # the workers never hear that a request finished and keep computing on its old table
+    ("finished_not_told_to_workers", ("demo",), "pages_conserved"),
+    # the same token reaches the client twice
+    ("token_resent", ("demo",), "no_duplicate_emission"),
+])
+def test_a_scheduler_bug_fails_its_clause_with_vllms_assertions_off(edited: Any, name: str,
+                                                                     workloads: tuple[str, ...], clause: str) -> None:
+    assert all(clause not in found for found in _clauses(workloads).values())  # the clean engine
+    edited(name)
+    found = _clauses(workloads)
+    assert all(clause in hit for hit in found.values()), found

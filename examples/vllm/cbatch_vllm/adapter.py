@@ -10,17 +10,27 @@
    (``cancelled`` and ``release`` at ``t``) or returns nothing for a request
    that already ended (``cancel_ignored``);
 2. ``schedule()``: its ``preempted_req_ids`` become ``preempted`` events,
-   requests it moves into ``running`` become ``admit`` events, and the pool as
-   ``schedule()`` left it becomes the ``snapshot`` (vLLM allocates a step's
-   blocks inside ``schedule()``, so the snapshot shows them);
+   requests it moves into ``running`` become ``admit`` events, and the
+   ``snapshot`` shows what the workers are told (vLLM allocates a step's
+   blocks inside ``schedule()``, so the snapshot shows them): each request's
+   block table as the model runner builds it from the ``SchedulerOutput``
+   (``worker_view``), the pool's free blocks, and as ``active`` and
+   ``queued`` the ids of the requests vLLM holds in ``running`` and elsewhere
+   (its waiting queues and ``Scheduler.requests``);
    ``num_scheduled_tokens`` becomes the ``dispatch``;
 3. one synthetic sampled token per request that reached the end of its known
    tokens goes through ``update_from_output``; its outputs are the ``token``
-   and ``finished`` events at ``t + 1``, and vLLM frees a finished request's
-   blocks there (``release`` at ``t + 1``).
+   events at ``t + 1`` (``output_index``: the token's position in the
+   request's own output token list) and ``finished`` events, and vLLM frees a
+   finished request's blocks there (``release`` at ``t + 1``).
 
 When vLLM holds no request the engine does not step, and the clock jumps to
-the next trace time.  Settings vLLM cannot express raise
+the next trace time.  When the trace is over and vLLM reports no work left, a
+last ``snapshot`` at the last event's time shows what vLLM still holds: the
+requests it keeps (any is an ended request it never let go of:
+``snapshot_counts``) and the blocks its KV cache manager assigns to any
+request, free counting only blocks both the free queue and the ref counts give
+back (``no_leaked_pages``, ``pages_conserved``).  Settings vLLM cannot express raise
 ``NotImplementedError`` (the kit skips those workloads with the reason).
 
 Config mapping (kit setting -> vLLM):
@@ -59,6 +69,7 @@ from pytest_cbatch.engine_report import EventLog, engine_report, engine_run_inpu
 
 from . import engine
 from .engine import EngineSettings
+from .worker_view import WorkerView
 
 __all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE_LOGGERS"]
 
@@ -115,11 +126,12 @@ class _Run:
         self.config = config
         self.lines = lines
         self.sched = engine.new_scheduler(settings)
+        self.worker = WorkerView()
         self.log = EventLog()
         self.arrivals: dict[str, dict[str, Any]] = {line["id"]: line for line in lines if line["event"] == "arrival"}
         self.status: dict[str, str] = {}        # queued, active, finished, cancelled, rejected
         self.held: dict[str, list[int]] = {}    # pages per request as the last snapshot showed them
-        self.emitted: dict[str, int] = {}
+        self.engine_requests: dict[str, Any] = {}  # vLLM's Request objects, read for their output positions
         self.preempted: set[str] = set()
         total = sum(line["prompt_tokens"] + line["output_tokens"] for line in self.arrivals.values())
         self.step_limit = 50 * total + 1000
@@ -141,6 +153,7 @@ class _Run:
                     raise RuntimeError(f"vLLM made no end after {self.step_limit} steps; unfinished: {stuck}")
                 self._step(t)
             t += 1
+        self._snapshot(self.log.events[-1]["time"], engine.held_blocks(self.sched))
 
     def _trace_line(self, line: dict[str, Any], t: int) -> None:
         rid = line["id"]
@@ -152,10 +165,12 @@ class _Run:
                 self.log.emit(t, "rejected", rid, reason=refusal)
                 return
             self.status[rid] = "queued"
-            self.sched.add_request(engine.new_request(rid, len(self.status), line["prompt_tokens"],
-                                                      line["output_tokens"], self.settings.block_size))
+            request = engine.new_request(rid, len(self.status), line["prompt_tokens"], line["output_tokens"],
+                                         self.settings.block_size)
+            self.engine_requests[rid] = request
+            self.sched.add_request(request)
             return
-        pages = engine.block_ids(self.sched, rid) if rid in self.sched.requests else []
+        pages = engine.held_blocks(self.sched).get(rid)
         ended = engine.abort(self.sched, rid)
         if not ended:
             if self.status[rid] in ("queued", "active"):
@@ -175,11 +190,12 @@ class _Run:
             self.status[rid] = "queued"
             self.preempted.add(rid)
             self.log.emit(t, "preempted", rid, released_blocks=len(self.held.pop(rid, [])))
-        tables = {rid: [b - 1 for b in engine.block_ids(sched, rid)] for rid in sched.requests}
+        self.worker.update(out)
+        tables = self.worker.tables()
         for req in sched.running:
             if self.status[req.request_id] == "queued":
                 self.status[req.request_id] = "active"
-                self.log.emit(t, "admit", req.request_id, reserved_blocks=len(tables[req.request_id]))
+                self.log.emit(t, "admit", req.request_id, reserved_blocks=len(tables.get(req.request_id, ())))
         self._snapshot(t, tables)
         scheduled = dict(out.num_scheduled_tokens)
         if scheduled:
@@ -192,11 +208,13 @@ class _Run:
     # -- events ----------------------------------------------------------------
 
     def _snapshot(self, t: int, tables: dict[str, list[int]]) -> None:
-        shown = {rid: table for rid, table in tables.items() if table}
+        """A snapshot of vLLM's pool and the requests it holds, with ``tables`` (vLLM block ids
+        per request) as its block tables: page id = block id - 1."""
+        shown = {rid: [block - 1 for block in table] for rid, table in tables.items() if table}
         self.held = dict(shown)
         free = engine.free_blocks(self.sched)
         allocated = self.config["capacity"] - free
-        running, waiting = self.sched.get_request_counts()
+        running, waiting = engine.held_requests(self.sched)
         self.log.emit(t, "snapshot", active=running, queued=waiting, reserved_blocks=allocated, draining_blocks=0,
                       allocated_blocks=allocated, free_blocks=free, admission_headroom=free, block_tables=shown)
 
@@ -211,9 +229,8 @@ class _Run:
 
     def _output(self, t: int, output: Any) -> None:
         rid = output.request_id
-        for _ in output.new_token_ids:
-            self.emitted[rid] = self.emitted.get(rid, 0) + 1
-            self.log.emit(t, "token", rid, output_index=self.emitted[rid])
+        for index in engine.output_positions(self.engine_requests[rid], output):
+            self.log.emit(t, "token", rid, output_index=index)
         reason = engine.finish_reason(output)
         if reason is not None:
             self.status[rid] = "finished"

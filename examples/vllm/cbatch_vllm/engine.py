@@ -19,6 +19,10 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")           # the model dir is local; never reach the Hub
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM logs INFO lines per scheduler otherwise
 
+from .fork import install_overlay  # noqa: E402
+
+install_overlay()  # a fork's edited vLLM modules (CBATCH_VLLM_OVERLAY), before vLLM is imported
+
 import torch  # noqa: E402  (after the environment defaults above)
 import vllm  # noqa: E402
 from vllm.exceptions import VLLMValidationError  # noqa: E402
@@ -34,7 +38,8 @@ from vllm.v1.request import Request, RequestStatus  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
 __all__ = ["EngineSettings", "SYNTHETIC_TOKEN", "VLLM_VERSION", "new_scheduler", "new_request",
-           "prompt_refusal", "runner_output", "abort", "block_ids", "free_blocks", "finish_reason"]
+           "prompt_refusal", "runner_output", "abort", "held_requests", "held_blocks", "free_blocks",
+           "output_positions", "finish_reason"]
 
 VLLM_VERSION: str = vllm.__version__
 MODEL_DIR = Path(__file__).parent / "model"
@@ -136,14 +141,38 @@ def abort(scheduler: Scheduler, rid: str) -> bool:
     return bool(scheduler.finish_requests(rid, RequestStatus.FINISHED_ABORTED))
 
 
-def block_ids(scheduler: Scheduler, rid: str) -> list[int]:
-    """The request's KV block ids in logical order (one KV cache group)."""
-    return list(scheduler.kv_cache_manager.get_block_ids(rid)[0])
+def held_requests(scheduler: Scheduler) -> tuple[list[str], list[str]]:
+    """The ids of the requests vLLM holds: those in ``running``, then every other one it keeps in a
+    waiting queue or in ``Scheduler.requests`` (queue order first), each once."""
+    running = [req.request_id for req in scheduler.running]
+    others: dict[str, None] = {}
+    for queue in (scheduler.waiting, scheduler.kv_holding_waiting):
+        others.update((req.request_id, None) for req in queue)
+    others.update((rid, None) for rid in scheduler.requests)
+    return running, [rid for rid in others if rid not in set(running)]
+
+
+def held_blocks(scheduler: Scheduler) -> dict[str, list[int]]:
+    """The KV cache manager's block ids per request that holds any (first KV cache group), read
+    from ``req_to_blocks`` without creating entries (it is a defaultdict)."""
+    manager = scheduler.kv_cache_manager.coordinator.single_type_managers[0]
+    return {rid: [block.block_id for block in blocks] for rid, blocks in manager.req_to_blocks.items() if blocks}
 
 
 def free_blocks(scheduler: Scheduler) -> int:
-    """Free blocks in vLLM's pool, the null block excluded."""
-    return scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    """Free blocks in vLLM's pool, the null block excluded: the smaller of the free queue's count
+    and the number of blocks whose ref count is 0, so a block either bookkeeping still holds is
+    counted as held."""
+    pool = scheduler.kv_cache_manager.block_pool
+    unreferenced = sum(1 for block in pool.blocks if block.ref_cnt == 0 and not block.is_null)
+    return min(pool.get_num_free_blocks(), unreferenced)
+
+
+def output_positions(request: Request, output: Any) -> range:
+    """The 1-based positions in the request's output of an ``EngineCoreOutput``'s new tokens, read
+    from the engine's own output token list after ``update_from_output`` appended them."""
+    end = request.num_output_tokens
+    return range(end - len(output.new_token_ids) + 1, end + 1)
 
 
 def finish_reason(output: Any) -> str | None:
