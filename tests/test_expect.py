@@ -229,7 +229,7 @@ def test_generated_traces_judge_what_the_expectations_do_not_cover(pytester: pyt
                                  "XFAIL *test_generated_traces[[]ttft_null_on_cancel[]]*set aside*"])
     text = result.stdout.str()
     failure = text[text.index("[itl_empty_for_one_token] failed on workload 'generated-reserve'"):]
-    assert "trace (1 lines):" in failure and '"output_tokens": 1' in failure.split("timeline:")[0]
+    assert "trace (1 line):" in failure and '"output_tokens": 1' in failure.split("timeline:")[0]
     pages = sorted(page.name for page in (pytester.path / ".cbatch-failures").glob("*.html"))
     assert pages == ["itl_empty_for_one_token-generated-reserve.html"]  # only the failure reported draws a page
 

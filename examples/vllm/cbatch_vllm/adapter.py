@@ -76,7 +76,7 @@ __all__ = ["simulate", "engine_settings", "CBATCH_NATIVE_CONFIG", "CBATCH_ENGINE
 # Read by the plugin: a bare ``pytest --cbatch-impl=vllm`` runs every workload that does not test the
 # delay at release_delay 0 (vLLM frees a request's blocks the moment it ends), and vLLM's own log
 # records below ERROR (its block-size advice, repeated per scheduler) stay out of failure reports.
-CBATCH_NATIVE_CONFIG = {"release_delay": 0}
+CBATCH_NATIVE_CONFIG = {"release_delay": 0, "admission": "optimistic"}  # what vLLM does: frees at once, admits optimistically
 CBATCH_ENGINE_LOGGERS = ("vllm",)
 
 MAX_MODEL_LEN_LIMIT = 8192  # max_position_embeddings of the shipped tiny llama config
