@@ -140,8 +140,10 @@ class Adapter:
     def CBATCH_NATIVE_CONFIG(self) -> dict[str, Any]:  # noqa: N802 (the name the plugin reads)
         """A bare run uses these for every workload that does not test them: release_delay 0 (SGLang
         frees pages when a request ends) and, without ignore_eos, a chunk of SGLang's own order
-        (a chunk below a page is never taken there; the token budget still bounds it)."""
-        return {"release_delay": 0} if self.ignore_eos else {"release_delay": 0, "prefill_chunk": NATIVE_CHUNK}
+        (a chunk below a page is never taken there; the token budget still bounds it) and the admission
+        it does, optimistic (it retracts)."""
+        return ({"release_delay": 0} if self.ignore_eos
+                else {"release_delay": 0, "prefill_chunk": NATIVE_CHUNK, "admission": "optimistic"})
 
     def simulate(self, trace: Sequence[dict[str, Any]], *, capacity: int, block_size: int, token_budget: int,
                  max_active: int, prefill_chunk: int, release_delay: int, policy: str,

@@ -104,7 +104,7 @@ class Adapter:
     scheduler_type: str
     # Read by the plugin: a bare run uses these for every workload that does not test them, and
     # transformers' own log records below ERROR stay out of failure reports.
-    CBATCH_NATIVE_CONFIG = {"release_delay": 0, "prefill_chunk": UNBOUNDED_CHUNK}
+    CBATCH_NATIVE_CONFIG = {"release_delay": 0, "prefill_chunk": UNBOUNDED_CHUNK, "admission": "optimistic"}
     CBATCH_ENGINE_LOGGERS = ("transformers",)
 
     def simulate(self, trace: Sequence[dict[str, Any]], *, capacity: int, block_size: int, token_budget: int,
