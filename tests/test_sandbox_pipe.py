@@ -167,6 +167,7 @@ def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
     from dataclasses import replace
 
     from pytest_cbatch.grading import evaluate
+    from pytest_cbatch.grading.contract_part import Contract
     from pytest_cbatch.grading.plan import build_plan
     from pytest_cbatch.grading.rubric import load_rubric
     from pytest_cbatch.impls import resolve_impl
@@ -181,7 +182,7 @@ def test_grading_holds_one_workloads_runs_at_a_time(tmp_path: Path) -> None:
 
     judge = Watched(resolve_impl("reference"))
     rubric = load_rubric(None)
-    contract = evaluate._Contract({"visible": judge, "hidden": judge}, evaluate.contract_clauses(rubric), plan,
+    contract = Contract({"visible": judge, "hidden": judge}, evaluate.contract_clauses(rubric), plan,
                                   "reference", tmp_path)
     contract.visible()
     contract.finish()
